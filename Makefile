@@ -1,0 +1,38 @@
+# profbench: the two quick-start commands, and the setup they share.
+#   make run    profile the default (GPU) matrix in the container, then write the report
+#   make test   the test suite (CPU is enough: real nsys, Snakemake, Apptainer, Chromium)
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch 2.13.0 is what CI and the image pin; a GPU host may keep its own CUDA build
+# (`make setup TORCH=` skips installing torch).
+TORCH ?= torch==2.13.0
+CORES ?= 1
+SNAKEMAKE := $(VENV)/bin/snakemake
+
+.PHONY: setup run smoke report test lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH),$(PY) -m pip install -q '$(TORCH)')
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+run: setup
+	$(SNAKEMAKE) --cores $(CORES) --use-singularity
+	$(SNAKEMAKE) --report results/report.html
+
+smoke: setup
+	$(SNAKEMAKE) --cores 2 --configfile tests/smoke.yaml
+	$(SNAKEMAKE) --configfile tests/smoke.yaml --report results/smoke/report.html
+
+test: setup
+	scripts/install-test-deps.sh
+	$(PY) -m pytest -v --durations=15
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(SNAKEMAKE) --lint

@@ -1,0 +1,39 @@
+# profbench: profile attention and GPT workloads under Nsight Systems and report where the GPU
+# time goes. Stages: rules/profile.smk -> rules/analyze.smk -> rules/report.smk; the container
+# (rules/container.smk) is built first when running with --use-singularity.
+#
+#   snakemake --cores 1 --use-singularity            # GPU default matrix (config.yaml)
+#   snakemake --cores 2 --configfile tests/smoke.yaml # CPU smoke matrix
+#   snakemake --report report.html                    # the publishable report
+
+import os
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# config.yaml is the default matrix; a --configfile replaces it rather than merging into it
+# (merging would add the GPU runs to a CPU smoke matrix).
+if not workflow.config_settings.configfiles:
+
+    configfile: os.path.join(workflow.basedir, "config.yaml")
+
+
+report: "report/workflow.rst"
+
+
+include: "rules/container.smk"
+include: "rules/common.smk"
+include: "rules/profile.smk"
+include: "rules/analyze.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    input:
+        f"{RESULTS}/summary.csv",
+        expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
+        expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=RUNS),
+        expand(f"{RESULTS}/compare/{{name}}/categories.csv", name=COMPARISONS),
+    default_target: True

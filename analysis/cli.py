@@ -1,0 +1,87 @@
+"""Command line: ``python -m analysis {stats,extras,all,compare} ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from analysis.errors import ExportError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, helptext in (
+        ("stats", "the 7 nsys stats reports as CSV"),
+        ("extras", "categories, tensor cores, occupancy, utilization CSVs + metrics.json"),
+        ("all", "stats and extras in one pass"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("export", type=Path, help="nsys SQLite export")
+        sp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+        if name == "stats":
+            sp.add_argument(
+                "--report",
+                action="append",
+                default=None,
+                help="only this report (repeatable); default: all seven",
+            )
+        sp.add_argument("--timings", action="store_true", help="print per-step seconds")
+    cp = sub.add_parser("compare", help="A vs B per category and NVTX range")
+    cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
+    cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
+    cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from analysis.export import Export
+
+    if args.command == "compare":
+        from analysis.compare import compare, format_table
+
+        result = compare(args.a, args.b, args.output)
+        print(format_table(result))
+        return 0
+    args.output.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with Export(args.export) as ex:
+        timings: dict[str, float] = {}
+        if args.command in ("stats", "all"):
+            from analysis.nsys_stats import NEEDS_RUNTIME, REPORTS, Context, run_reports
+
+            names = tuple(args.report) if getattr(args, "report", None) else REPORTS
+            unknown = [n for n in names if n not in REPORTS]
+            if unknown:
+                print(f"error: unknown report(s): {', '.join(unknown)}", file=sys.stderr)
+                return 2
+            ctx = Context(ex)
+            if set(names) & NEEDS_RUNTIME or args.command == "all":
+                ex.prefetch_runtime()
+            for name in names:
+                t = time.perf_counter()
+                table = run_reports(ctx, (name,))[name]
+                table.write(args.output / f"{name}.csv")
+                timings[name] = time.perf_counter() - t
+        if args.command in ("extras", "all"):
+            from analysis.metrics import write_extras
+
+            t = time.perf_counter()
+            write_extras(ex, args.output, ctx if args.command == "all" else None)
+            timings["extras"] = time.perf_counter() - t
+    if args.timings:
+        for name, secs in timings.items():
+            print(f"{name:24s} {secs:8.3f} s")
+        print(f"{'total':24s} {time.perf_counter() - t0:8.3f} s")
+    return 0

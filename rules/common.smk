@@ -1,0 +1,209 @@
+# Configuration: validation, defaults, sweep expansion, and the paths every stage shares.
+# Included first by the Snakefile; everything below is evaluated before any job is planned,
+# so a bad config stops the workflow with a message that names the offending key.
+
+import fnmatch
+import itertools
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import jsonschema
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+REPO = Path(workflow.basedir)
+
+
+def _config_error(where, problem):
+    return WorkflowError(f"Invalid config at '{where}': {problem}")
+
+
+def _schema_error_location(error):
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def _top_level_schema():
+    """The config schema with its one $ref (the container section) resolved inline."""
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+    container_schema = yaml.safe_load((REPO / "schemas/container.schema.yaml").read_text())
+    schema["properties"]["container"] = container_schema["properties"]["container"]
+    return schema
+
+
+def _validate_top_level(cfg):
+    """Check the top-level keys, naming a bad key, then let Snakemake fill in defaults."""
+    try:
+        jsonschema.validate(cfg, _top_level_schema())
+    except jsonschema.ValidationError as e:
+        raise _config_error(_schema_error_location(e), e.message) from None
+    validate(cfg, str(REPO / "schemas/config.schema.yaml"), set_default=True)
+
+
+def _run_schemas():
+    """One complete JSON schema per workload: its own keys plus the keys all runs share."""
+    raw = yaml.safe_load((REPO / "schemas/run.schema.yaml").read_text())
+    common = raw["$defs"]["common"]
+    schemas = {}
+    for name, schema in raw["workloads"].items():
+        schema = dict(schema)
+        schema["properties"] = {**common, **schema["properties"]}
+        schemas[name] = schema
+    return schemas
+
+
+RUN_SCHEMAS = _run_schemas()
+
+
+def _check_run(where, params):
+    _check_keys(where, params)
+    try:
+        jsonschema.validate(params, RUN_SCHEMAS[params["workload"]])
+    except jsonschema.ValidationError as e:
+        key = ".".join(str(p) for p in e.absolute_path)
+        raise _config_error(f"{where}.{key}" if key else where, e.message) from None
+
+
+def _check_keys(where, params):
+    """Unknown workload or parameter names, before any value is looked at."""
+    workload = params.get("workload")
+    if workload not in RUN_SCHEMAS:
+        raise _config_error(
+            f"{where}.workload",
+            f"unknown workload {workload!r}; expected one of {sorted(RUN_SCHEMAS)}",
+        )
+    allowed = RUN_SCHEMAS[workload]["properties"]
+    for key in params:
+        if key not in allowed:
+            raise _config_error(
+                f"{where}.{key}",
+                f"unknown parameter {key!r} for workload {workload!r}; "
+                f"expected one of {sorted(allowed)}",
+            )
+
+
+def _expand_sweep(index, sweep):
+    """A sweep's cartesian product: list values vary, scalars stay; names from the template."""
+    where = f"sweeps[{index}]"
+    fixed = {k: v for k, v in sweep.items() if k != "name"}
+    axes = {k: v for k, v in fixed.items() if isinstance(v, list)}
+    # Check the sweep's keys first: a typo would otherwise surface as a bad name template.
+    _check_keys(where, fixed)
+    for values in itertools.product(*axes.values()):
+        params = {**fixed, **dict(zip(axes, values))}
+        try:
+            name = sweep["name"].format(**params)
+        except (KeyError, IndexError, ValueError) as e:
+            raise _config_error(f"{where}.name", f"cannot format {sweep['name']!r}: {e!r}")
+        yield name, params
+
+
+def resolve_runs(cfg):
+    """All runs by name, with defaults applied and every run checked against its schema."""
+    runs = {}  # name -> (where in the config, parameters)
+    for index, sweep in enumerate(cfg["sweeps"]):
+        for name, params in _expand_sweep(index, sweep):
+            if name in runs:
+                raise _config_error(f"sweeps[{index}].name", f"run name {name!r} is not unique")
+            runs[name] = (f"sweeps[{index}] (run {name})", params)
+    for name, params in cfg["runs"].items():
+        if name in runs:
+            raise _config_error(f"runs.{name}", "name also produced by a sweep")
+        runs[name] = (f"runs.{name}", dict(params or {}))
+    if not runs:
+        raise _config_error("runs", "no runs defined (add entries under 'runs' or 'sweeps')")
+    resolved = {}
+    for name, (where, params) in runs.items():
+        merged = {**cfg["defaults"], **params}
+        # Defaults may hold keys that only some workloads take (e.g. 'context' for gpt).
+        allowed = RUN_SCHEMAS.get(merged.get("workload"), {}).get("properties", {})
+        merged = {k: v for k, v in merged.items() if k in params or k in allowed}
+        _check_run(where, merged)
+        resolved[name] = merged
+    return resolved
+
+
+def select_runs(runs, patterns):
+    """The runs whose names match any of the glob patterns (all runs when none are given)."""
+    if not patterns:
+        return runs
+    chosen = {n: p for n, p in runs.items() if any(fnmatch.fnmatchcase(n, g) for g in patterns)}
+    if not chosen:
+        raise _config_error("select", f"no run matches {patterns}; runs are {sorted(runs)}")
+    return chosen
+
+
+def _check_comparisons(cfg, runs):
+    for i, comp in enumerate(cfg["comparisons"]):
+        for side in ("a", "b"):
+            if comp[side] not in runs:
+                raise _config_error(f"comparisons[{i}].{side}", f"unknown run {comp[side]!r}")
+
+
+_validate_top_level(config)
+ALL_RUNS = resolve_runs(config)
+_check_comparisons(config, ALL_RUNS)
+RUNS = select_runs(ALL_RUNS, config["select"])
+# Comparisons whose two runs are both selected.
+COMPARISONS = {
+    c["name"]: c for c in config["comparisons"] if c["a"] in RUNS and c["b"] in RUNS
+}
+RESULTS = config["results"].rstrip("/")
+LOGS = f"{RESULTS}/logs"
+
+# The 7 reports the analysis engine reproduces exactly (analysis/, docs/analysis.md).
+NSYS_REPORTS = [
+    "cuda_gpu_kern_sum",
+    "nvtx_sum",
+    "nvtx_kern_sum",
+    "nvtx_gpu_proj_sum",
+    "cuda_api_sum",
+    "cuda_gpu_mem_time_sum",
+    "cuda_gpu_mem_size_sum",
+]
+
+
+def workload_args(run):
+    """The `python -m workloads` command line of one run (its params drive reruns)."""
+    params = dict(RUNS[run])
+    args = [params.pop("workload")]
+    for key, value in sorted(params.items()):
+        args += [f"--{key}", str(value)]
+    return shlex.join(args)
+
+
+# --- tools: nsys and the Python that runs the workloads --------------------------------------
+
+PROFBENCH_CACHE = Path(
+    os.environ.get("PROFBENCH_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "profbench"
+)
+# Where scripts/install-nsys.sh puts Debian's Nsight Systems (keep in sync with the script).
+NSYS_PREFIX = PROFBENCH_CACHE / "nsys-2024.2.3"
+CACHED_NSYS = NSYS_PREFIX / "usr/lib/nsight-systems/bin/nsys"
+NSYS_INSTALLED_MARKER = NSYS_PREFIX / ".complete"
+
+
+def _find_nsys():
+    """(path, needs_install): the configured nsys, else PATH's, else the cached Debian build."""
+    if USE_CONTAINER:
+        return "nsys", False  # the image has it on PATH
+    configured = config["nsys"]["path"]
+    if configured != "auto":
+        if not (shutil.which(configured) or Path(configured).is_file()):
+            raise _config_error("nsys.path", f"{configured!r} is not an executable file")
+        return configured, False
+    on_path = shutil.which("nsys")
+    if on_path:
+        return on_path, False
+    return str(CACHED_NSYS), not NSYS_INSTALLED_MARKER.exists()
+
+
+NSYS, NSYS_NEEDS_INSTALL = _find_nsys()
+# Profile jobs wait for the install job only when nsys has to be installed.
+NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
+# The host interpreter itself (not a shim: nsys would trace the shim's shells too).
+PYTHON = "python3" if USE_CONTAINER else sys.executable

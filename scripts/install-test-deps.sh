@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# System tools the tests drive for real: headless Chromium (the HTML report), debootstrap and
+# friends (the Apptainer image build), and Nsight Systems (the profiles; cached, no root).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+for tool in debootstrap patchelf mksquashfs unsquashfs; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-test-deps: missing ${missing[*]}; install them (Debian: apt-get install" \
+         "chromium debootstrap patchelf squashfs-tools) and rerun" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium debootstrap patchelf squashfs-tools \
+      uidmap fuse2fs squashfuse >/dev/null
+fi
+"$here/install-nsys.sh" >/dev/null
+echo "install-test-deps: chromium, debootstrap and nsys are ready"

@@ -1,0 +1,88 @@
+"""A bad config stops the workflow before any job, with a message naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import SMOKE_CONFIG, snakemake
+
+
+def broken(tmp_path: Path, edit) -> Path:
+    config = yaml.safe_load(SMOKE_CONFIG.read_text())
+    edit(config)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def typo_in_run_key(c):
+    c["runs"]["gpt_tiny_train_bf16"]["bathc"] = 2
+
+
+def wrong_type(c):
+    c["runs"]["gpt_tiny_train_bf16"]["steps"] = "ten"
+
+
+def unknown_workload(c):
+    c["runs"]["gpt_tiny_train_bf16"]["workload"] = "gtp"
+
+
+def unknown_size(c):
+    c["runs"]["gpt_tiny_train_bf16"]["size"] = "huge"
+
+
+def unknown_top_level_key(c):
+    c["defualts"] = c.pop("defaults")
+
+
+def typo_in_sweep(c):
+    c["sweeps"][0]["imp"] = c["sweeps"][0].pop("impl")
+
+
+def nsys_section_typo(c):
+    c["nsys"] = {"trcae": "cuda"}
+
+
+def unknown_comparison_run(c):
+    c["comparisons"][0]["b"] = "attention_flash"
+
+
+CASES = [
+    (typo_in_run_key, ["runs.gpt_tiny_train_bf16.bathc", "'bathc'"]),
+    (wrong_type, ["runs.gpt_tiny_train_bf16.steps", "'ten' is not of type 'integer'"]),
+    (unknown_workload, ["runs.gpt_tiny_train_bf16.workload", "'gtp'"]),
+    (unknown_size, ["runs.gpt_tiny_train_bf16.size", "'huge'"]),
+    (unknown_top_level_key, ["'defualts'"]),
+    (typo_in_sweep, ["sweeps[0].imp", "'imp'"]),
+    (nsys_section_typo, ["nsys", "'trcae'"]),
+    (unknown_comparison_run, ["comparisons[0].b", "'attention_flash'"]),
+]
+
+
+@pytest.mark.parametrize(("edit", "expected"), CASES, ids=[c[0].__name__ for c in CASES])
+def test_bad_config_stops_before_any_job(tmp_path: Path, edit, expected: list[str]) -> None:
+    config = broken(tmp_path, edit)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    done = snakemake(workdir, "--cores", "1", "--configfile", str(config), check=False)
+    message = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Invalid config at" in message, message[-3000:]
+    for fragment in expected:
+        assert fragment in message, (fragment, message[-3000:])
+    assert not (workdir / "results").exists(), "a job ran despite the bad config"
+
+
+def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
+    done = snakemake(tmp_path, "-n", "--cores", "1", "--configfile", str(SMOKE_CONFIG))
+    for rule in ["profile", "run_stats", "aggregate", "plots", "compare"]:
+        assert f"rule {rule}:" in done.stdout, rule
+
+
+def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
+    """The GPU default matrix: 4 attention runs and 5 sizes x 3 modes of GPT."""
+    done = snakemake(tmp_path, "-n", "--cores", "1")
+    planned = done.stdout.count("rule profile:")
+    assert planned == 4 + 15, done.stdout[-2000:]

@@ -1,0 +1,55 @@
+"""Model FLOPs per step and MFU (model FLOPs utilization).
+
+Convention (Kaplan et al. / PaLM): a matmul of an (m x k) by a (k x n) matrix is 2mkn FLOPs;
+the backward pass costs twice the forward; attention scores and the probability-weighted sum
+are counted in full (causal kernels skip about half, so MFU slightly understates them);
+element-wise ops, norms, softmax and the optimizer are not counted.
+"""
+
+from workloads.gpt import GPTConfig
+
+# Dense peak TFLOP/s by device-name substring and dtype (fp32 = no TF32, torch's default).
+# NVIDIA datasheets: H100/H200 SXM 989.4 bf16 / 66.9 fp32; H100 PCIe 756 / 51.
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),
+    ("H100", {"bf16": 989.4, "fp32": 66.9}),
+    ("H200", {"bf16": 989.4, "fp32": 66.9}),
+]
+
+# Forward FLOPs times this gives the step's FLOPs.
+MODE_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train": 3}
+
+
+def gpt_forward_flops(cfg: GPTConfig, batch: int, seq: int) -> int:
+    """Forward FLOPs of :class:`workloads.gpt.GPT` on a (batch, seq) token block."""
+    tokens = batch * seq
+    d = cfg.d_model
+    matmul_params = cfg.n_layers * (4 * d * d + 3 * d * cfg.d_ff) + cfg.vocab_size * d
+    attention = cfg.n_layers * 2 * (2 * batch * seq * seq * d)  # q k^T and probs @ v
+    return 2 * matmul_params * tokens + attention
+
+
+def attention_forward_flops(batch: int, seq: int, embed: int) -> int:
+    """Forward FLOPs of :class:`workloads.attention.Attention` (independent of head count)."""
+    projections = 3 * 2 * batch * seq * embed * embed
+    core = 2 * (2 * batch * seq * seq * embed)
+    return projections + core
+
+
+def step_flops(forward_flops: int, mode: str) -> int:
+    return forward_flops * MODE_MULTIPLIER[mode]
+
+
+def peak_tflops(device_name: str, dtype: str) -> float | None:
+    """Datasheet peak of a known GPU, or None (CPU, unknown GPU)."""
+    for pattern, peaks in PEAK_TFLOPS:
+        if pattern in device_name:
+            return peaks.get(dtype)
+    return None
+
+
+def mfu(flops_per_step: int, step_seconds: float, peak: float | None) -> float | None:
+    """Achieved / peak FLOP/s, or None without a peak."""
+    if peak is None or step_seconds <= 0:
+        return None
+    return flops_per_step / step_seconds / (peak * 1e12)

@@ -1,0 +1,96 @@
+"""The one warm-up / measure loop shared by every workload.
+
+Capture contract with the pipeline (see docs/workloads.md):
+
+* each warm-up step runs inside an NVTX range ``warmup``, before any capture starts;
+* all measured steps run inside ONE range ``profiled_region`` (nsys
+  ``--capture-range=nvtx --nvtx-capture=profiled_region``), bracketed on CUDA by
+  ``torch.cuda.profiler.start()/stop()`` (for ``--capture-range=cudaProfilerApi``);
+* each measured step is a ``profiled_step`` range, synchronized before its timer stops.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from workloads.device import synchronize
+from workloads.nvtx_ranges import PROFILED_REGION, rng
+
+# A step runs one iteration of the workload and returns its loss (or None), not yet synced.
+Step = Callable[[], torch.Tensor | None]
+
+
+@dataclass
+class Measurement:
+    """Per-step results of :func:`run_steps`."""
+
+    step_times_ms: list[float]
+    losses: list[float] = field(default_factory=list)
+    # CUDA-event times of the same steps (GPU-side), empty on CPU.
+    cuda_event_times_ms: list[float] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+    def summary(self) -> dict[str, float]:
+        """Mean/median/std/min/max of the wall-clock step times, in ms."""
+        times = self.step_times_ms
+        return {
+            "mean_ms": statistics.fmean(times),
+            "median_ms": statistics.median(times),
+            # Sample standard deviation; 0 for a single step.
+            "std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
+            "min_ms": min(times),
+            "max_ms": max(times),
+        }
+
+
+def run_steps(step: Step, *, warmup: int, steps: int, device: torch.device) -> Measurement:
+    """Run ``warmup`` unmeasured then ``steps`` measured calls of ``step`` on ``device``."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
+    on_cuda = device.type == "cuda"
+
+    for _ in range(warmup):
+        with rng("warmup"):
+            step()
+            synchronize(device)
+
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times_ms: list[float] = []
+    event_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    loss_tensors: list[torch.Tensor] = []
+
+    if on_cuda:
+        torch.cuda.profiler.start()
+    with rng(PROFILED_REGION):
+        for _ in range(steps):
+            with rng("profiled_step"):
+                start_event = _record_event() if on_cuda else None
+                start = time.perf_counter()
+                loss = step()
+                end_event = _record_event() if on_cuda else None
+                synchronize(device)
+                times_ms.append((time.perf_counter() - start) * 1e3)
+            if start_event is not None and end_event is not None:
+                event_pairs.append((start_event, end_event))
+            if loss is not None:
+                # Kept as tensors: .item() here would add a sync to the trace.
+                loss_tensors.append(loss.detach())
+    if on_cuda:
+        torch.cuda.profiler.stop()
+
+    return Measurement(
+        step_times_ms=times_ms,
+        losses=[float(loss) for loss in loss_tensors],
+        cuda_event_times_ms=[start.elapsed_time(end) for start, end in event_pairs],
+        peak_memory_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
+    )
+
+
+def _record_event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
