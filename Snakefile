@@ -35,5 +35,5 @@ rule all:
         f"{RESULTS}/summary.csv",
         expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
         expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=RUNS),
-        expand(f"{RESULTS}/compare/{{name}}/categories.csv", name=COMPARISONS),
+        expand(f"{RESULTS}/compare/{{name}}/compare_categories.csv", name=COMPARISONS),
     default_target: True

@@ -18,8 +18,11 @@ CATEGORY_PREFIX = "category_time_ns_"
 PHASES = ["forward_pass", "loss_computation", "backward_pass", "optimizer_step"]
 
 
-def _figure(n_bars: int):
-    return plt.subplots(figsize=(max(6.0, 0.55 * n_bars + 2.5), 4.5), layout="constrained")
+def _figure(labels) -> tuple:
+    """A figure wide enough for the bars and tall enough for the rotated run names."""
+    longest = max((len(str(label)) for label in labels), default=10)
+    return plt.subplots(figsize=(max(6.0, 0.55 * len(labels) + 3.5), 4.0 + 0.075 * longest),
+                        layout="constrained")
 
 
 def _empty(path: Path, title: str, reason: str) -> None:
@@ -34,6 +37,7 @@ def _empty(path: Path, title: str, reason: str) -> None:
 
 def _finish(fig, ax, path: Path, ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
+    ax.set_xlabel("")
     ax.set_title(title)
     ax.tick_params(axis="x", labelrotation=60)
     for label in ax.get_xticklabels():
@@ -44,7 +48,7 @@ def _finish(fig, ax, path: Path, ylabel: str, title: str) -> None:
 
 
 def plot_step_time(summary: pd.DataFrame, path: Path) -> None:
-    fig, ax = _figure(len(summary))
+    fig, ax = _figure(summary["run"])
     low = summary["median_ms"] - summary["min_ms"]
     high = summary["max_ms"] - summary["median_ms"]
     ax.bar(summary["run"], summary["median_ms"], yerr=[low, high], capsize=3, color="#4C72B0")
@@ -67,13 +71,16 @@ def plot_kernel_categories(summary: pd.DataFrame, path: Path) -> None:
     if runs.empty or not columns:
         _empty(path, title, "No GPU kernels in these runs (CPU-only captures).")
         return
-    times = runs.set_index("run")[columns].apply(pd.to_numeric, errors="coerce").fillna(0) / 1e6
+    times = runs.set_index("run")[columns].apply(pd.to_numeric, errors="coerce").fillna(0)
     times.columns = [c.removeprefix(CATEGORY_PREFIX) for c in columns]
     times = times.loc[:, times.sum() > 0]
-    fig, ax = _figure(len(times))
-    times.plot.bar(stacked=True, ax=ax, colormap="tab10", width=0.8)
-    ax.legend(fontsize=8, ncols=2)
-    _finish(fig, ax, path, "kernel time in capture (ms)", title)
+    # Shares, not absolute times: runs differ in size by orders of magnitude.
+    shares = times.div(times.sum(axis=1), axis=0) * 100
+    fig, ax = _figure(shares.index)
+    shares.plot.bar(stacked=True, ax=ax, colormap="tab10", width=0.8)
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _finish(fig, ax, path, "% of GPU kernel + memory-op time", title)
 
 
 def plot_gpu_utilization(summary: pd.DataFrame, path: Path) -> None:
@@ -84,7 +91,7 @@ def plot_gpu_utilization(summary: pd.DataFrame, path: Path) -> None:
         return
     shares = runs.set_index("run")[["gpu_utilization", "tensor_core_share"]]
     shares = shares.apply(pd.to_numeric, errors="coerce") * 100
-    fig, ax = _figure(len(shares))
+    fig, ax = _figure(shares.index)
     shares.plot.bar(ax=ax, width=0.8, color=["#55A868", "#C44E52"])
     ax.set_ylim(0, 105)
     _finish(fig, ax, path, "% ", title)
@@ -107,7 +114,7 @@ def plot_nvtx_phases(summary: pd.DataFrame, results: Path, path: Path) -> None:
     if phases.empty:
         _empty(path, title, "No phase ranges recorded.")
         return
-    fig, ax = _figure(len(phases))
+    fig, ax = _figure(phases.index)
     phases.plot.bar(stacked=True, ax=ax, width=0.8)
     _finish(fig, ax, path, "ms per measured step", title)
 

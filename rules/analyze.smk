@@ -15,7 +15,7 @@ rule run_stats:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.metrics),
     container:
-        CONTAINER_IMAGE
+        RULE_CONTAINER
     shell:
         "{params.python} -m analysis all {input.sqlite} -o {params.outdir} > {log} 2>&1"
 
@@ -23,6 +23,7 @@ rule run_stats:
 rule aggregate:
     """One row per run: parameters, step times, provenance and the per-run GPU metrics."""
     input:
+        image=IMAGE_INPUT,
         times=expand(f"{RESULTS}/{{run}}/times.json", run=RUNS),
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=RUNS),
     output:
@@ -34,9 +35,11 @@ rule aggregate:
     log:
         f"{LOGS}/aggregate.log",
     params:
-        python=sys.executable,
+        python=PYTHON,
         runs=list(RUNS),
-        results=RESULTS,
+        results=lambda wc, input: os.path.dirname(os.path.dirname(input.times[0])),
+    container:
+        RULE_CONTAINER
     shell:
         "{params.python} -m analysis.aggregate --results {params.results}"
         " --runs {params.runs} -o {output} > {log} 2>&1"
@@ -50,13 +53,19 @@ rule compare:
         b=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/profile.sqlite",
     output:
         categories=report(
-            f"{RESULTS}/compare/{{name}}/categories.csv",
+            f"{RESULTS}/compare/{{name}}/compare_categories.csv",
             caption="../report/compare.rst",
             category="Comparisons",
             subcategory="{name}",
         ),
         nvtx=report(
-            f"{RESULTS}/compare/{{name}}/nvtx_ranges.csv",
+            f"{RESULTS}/compare/{{name}}/compare_nvtx.csv",
+            caption="../report/compare.rst",
+            category="Comparisons",
+            subcategory="{name}",
+        ),
+        metrics=report(
+            f"{RESULTS}/compare/{{name}}/compare_metrics.csv",
             caption="../report/compare.rst",
             category="Comparisons",
             subcategory="{name}",
@@ -67,6 +76,6 @@ rule compare:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.categories),
     container:
-        CONTAINER_IMAGE
+        RULE_CONTAINER
     shell:
         "{params.python} -m analysis compare {input.a} {input.b} -o {params.outdir} > {log} 2>&1"

@@ -205,5 +205,7 @@ def _find_nsys():
 NSYS, NSYS_NEEDS_INSTALL = _find_nsys()
 # Profile jobs wait for the install job only when nsys has to be installed.
 NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
+# Every job that can run in the image names it; Snakemake uses it only with --use-singularity.
+RULE_CONTAINER = CONTAINER_SIF
 # The host interpreter itself (not a shim: nsys would trace the shim's shells too).
 PYTHON = "python3" if USE_CONTAINER else sys.executable

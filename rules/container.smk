@@ -6,6 +6,7 @@
 # build. See docs/containers.md.
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,14 @@ def _ensure_apptainer():
 
 if USE_CONTAINER:
     _ensure_apptainer()
+    # Snakemake binds only the workdir (as the container's home). With --directory outside
+    # the checkout, jobs still name files in it (scripts, PYTHONPATH=<repo> to import the
+    # working tree's packages): bind the checkout too.
+    _cwd = Path.cwd().resolve()
+    if _REPO.resolve() != _cwd and _REPO.resolve() not in _cwd.parents:
+        workflow.deployment_settings.apptainer_args = (
+            f"{workflow.deployment_settings.apptainer_args} --bind {shlex.quote(str(_REPO))}"
+        ).strip()
     if not CONTAINER_BUILD and not Path(CONTAINER_SIF).exists():
         raise WorkflowError(
             f"container.build is false but container.image {CONTAINER_SIF} does not exist"
@@ -104,7 +113,5 @@ if CONTAINER_BUILD:
         log:
             f"logs/build_container-{CONTAINER_VARIANT}.log",
         localrule: True
-        message:
-            "Building (or taking from the cache) the {CONTAINER_VARIANT} image: {output}"
         shell:
             "{params.script} {params.args} --link {output:q} > {log:q} 2>&1"

@@ -16,11 +16,9 @@ rule install_nsys:
         str(NSYS_INSTALLED_MARKER),
     log:
         f"{LOGS}/install_nsys.log",
-    params:
-        script=REPO / "scripts/install-nsys.sh",
-        cache=PROFBENCH_CACHE,
-    shell:
-        "{params.script} {params.cache} > {log} 2>&1"
+    run:
+        # Runs on the host (never in the image, which has its own nsys).
+        shell(f"{REPO}/scripts/install-nsys.sh {PROFBENCH_CACHE} > {log} 2>&1")
 
 
 rule profile:
@@ -43,7 +41,7 @@ rule profile:
         extra=config["nsys"]["extra_args"],
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
     container:
-        CONTAINER_IMAGE
+        RULE_CONTAINER
     shell:
         # The capture covers the measured steps only (see CAPTURE_ARGS). Non-registered NVTX
         # strings must count for the NVTX match. --stats=true prints nsys' own summary into

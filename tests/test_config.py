@@ -82,7 +82,8 @@ def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
 
 
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
-    """The GPU default matrix: 4 attention runs and 5 sizes x 3 modes of GPT."""
+    """The GPU default matrix: 4 attention runs, 5 sizes x 3 modes of fp32 GPT, and the
+    bf16 train step of each size."""
     done = snakemake(tmp_path, "-n", "--cores", "1")
-    planned = done.stdout.count("rule profile:")
-    assert planned == 4 + 15, done.stdout[-2000:]
+    assert done.stdout.count("rule profile:") == 4 + 15 + 5, done.stdout[-2000:]
+    assert done.stdout.count("rule compare:") == 2 + 5
