@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import SMOKE_CONFIG, snakemake
 
+from analysis.nsys_stats import REPORTS as NSYS_REPORTS
+
 pytestmark = pytest.mark.slow
 
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
@@ -22,15 +24,6 @@ RUNS = [
     "gpt_tiny_forward_fp32",
     "gpt_tiny_train_fp32",
     "gpt_tiny_train_bf16",
-]
-NSYS_REPORTS = [
-    "cuda_gpu_kern_sum",
-    "nvtx_sum",
-    "nvtx_kern_sum",
-    "nvtx_gpu_proj_sum",
-    "cuda_api_sum",
-    "cuda_gpu_mem_time_sum",
-    "cuda_gpu_mem_size_sum",
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -66,7 +59,7 @@ def test_every_stage_writes_its_outputs(smoke_workdir: Path) -> None:
     for name in ["step_time", "kernel_categories", "gpu_utilization", "nvtx_phases"]:
         png = out / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000, png
-    compare = pd.read_csv(out / "compare" / "attention" / "nvtx_ranges.csv")
+    compare = pd.read_csv(out / "compare" / "attention" / "compare_nvtx.csv")
     assert len(compare) > 0
 
 
