@@ -51,7 +51,8 @@ _CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     (
         "CopyMemset",
         r"copy|memcpy|memset|fill|cat_?array|catarray|transpose|permute|"
-        r"gather_kernel|scatter_kernel|index_select|\bindex_kernel",
+        # embedding forward/backward are gather / scatter-add over rows
+        r"gather_kernel|scatter_kernel|index_select|\bindex_kernel|embedding",
     ),
     ("Reduction", r"reduce|reduction|sum_kernel|mean_kernel|argmax|argmin|max_kernel|cumsum|scan"),
     ("Elementwise", r"elementwise|vectorized|pointwise|triton_poi|unary|binary"),

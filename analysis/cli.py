@@ -29,6 +29,13 @@ def _parser() -> argparse.ArgumentParser:
                 help="only this report (repeatable); default: all seven",
             )
         sp.add_argument("--timings", action="store_true", help="print per-step seconds")
+        sp.add_argument(
+            "--nsys-version",
+            choices=("2025", "2024"),
+            default="2025",
+            help="reproduce nsys 2025.3.1 (default, the reference) or 2024.2.3 output: "
+            "they differ in NVTX range names and in round() of Avg/Med/StdDev",
+        )
     cp = sub.add_parser("compare", help="A vs B per category and NVTX range")
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
@@ -46,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from analysis.lite import LITE_REPORTS
+
+    if args.command == "stats" and args.report and set(args.report) <= LITE_REPORTS:
+        return _run_lite(args)
     from analysis.export import Export
 
     if args.command == "compare":
@@ -56,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with Export(args.export) as ex:
+    with Export(args.export, nsys_version=args.nsys_version) as ex:
         timings: dict[str, float] = {}
         if args.command in ("stats", "all"):
             from analysis.nsys_stats import NEEDS_RUNTIME, REPORTS, Context, run_reports
@@ -67,7 +78,15 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"error: unknown report(s): {', '.join(unknown)}", file=sys.stderr)
                 return 2
             ctx = Context(ex)
-            if set(names) & NEEDS_RUNTIME or args.command == "all":
+            ex.prefer_full = len(names) > 1 or args.command == "all"
+            # the API table goes to a second process whenever this one has other tables to
+            # read meanwhile (projection reports also need kernels and NVTX)
+            wanted = set(names)
+            if (
+                wanted & {"nvtx_kern_sum", "nvtx_gpu_proj_sum"}
+                or (ex.prefer_full and wanted & NEEDS_RUNTIME)
+                or args.command == "all"
+            ):
                 ex.prefetch_runtime()
             for name in names:
                 t = time.perf_counter()
@@ -83,5 +102,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.timings:
         for name, secs in timings.items():
             print(f"{name:24s} {secs:8.3f} s")
+        print(f"{'total':24s} {time.perf_counter() - t0:8.3f} s")
+    return 0
+
+
+def _run_lite(args: argparse.Namespace) -> int:
+    """Small reports only: no numpy import (they finish before numpy would load)."""
+    from analysis.lite import run_lite
+
+    t0 = time.perf_counter()
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name, table in run_lite(args.export, args.report, args.nsys_version).items():
+        table.write(args.output / f"{name}.csv")
+    if args.timings:
         print(f"{'total':24s} {time.perf_counter() - t0:8.3f} s")
     return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis.errors import ExportError
+from analysis.groupstats import densify
+from analysis.lite import connect, nvtx_rows
 
 NULL = np.iinfo(np.int64).min  # sentinel for SQL NULL in integer columns
 
@@ -41,8 +42,6 @@ NVTXT_STARTEND = 71
 NVTX_RANGE_TYPES = (NVTX_PUSHPOP, NVTX_STARTEND, NVTXT_PUSHPOP, NVTXT_STARTEND)
 NVTX_PUSHPOP_TYPES = (NVTX_PUSHPOP, NVTXT_PUSHPOP)
 
-# Tables that every nsys export has, used to tell an nsys export from any other SQLite DB.
-_NSYS_MARKERS = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 
 Columns = dict[str, np.ndarray]
 
@@ -63,29 +62,28 @@ class NvtxEvents:
     range_min_ts: int | None
 
 
-class Export:
-    """One nsys SQLite export opened read-only; tables are loaded lazily and cached."""
+#: NVTX range naming of the reference nsys version.  2025.3.1 names every range
+#: "<domain>:<text>" with an empty domain for the default one (":step_0"); 2024.2.3 writes
+#: "<domain>:<text>" only for named domains ("step_0").
+NSYS_VERSIONS = ("2025", "2024")
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class Export:
+    """One nsys SQLite export opened read-only; tables are loaded lazily and cached.
+
+    ``nsys_version`` selects how NVTX range names are printed: "2025" (the reference,
+    Nsight Systems 2025.3.1) or "2024" (2024.2.3); see :data:`NSYS_VERSIONS`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], nsys_version: str = "2025") -> None:
+        if nsys_version not in NSYS_VERSIONS:
+            raise ValueError(f"nsys_version must be one of {NSYS_VERSIONS}")
+        self.nsys_version = nsys_version
         self.path = Path(path)
-        if not self.path.exists():
-            raise ExportError(self.path, "file does not exist")
-        if not self.path.is_file():
-            raise ExportError(self.path, "not a file")
-        query = urllib.parse.urlencode({"mode": "ro", "immutable": "1"})
-        uri = urllib.parse.urlunsplit(["file", "", str(self.path.resolve()), query, ""])
-        try:
-            self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
-            self.con.execute("PRAGMA cache_size=-65536")
-            rows = self.con.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
-            ).fetchall()
-        except sqlite3.Error as exc:
-            raise ExportError(self.path, f"not a readable SQLite database ({exc})") from exc
-        self.tables = {r[0] for r in rows}
-        if not any(t in self.tables for t in _NSYS_MARKERS):
-            raise ExportError(self.path, "not an Nsight Systems SQLite export (no StringIds)")
+        self.con, self.tables = connect(self.path)
         self._cache: dict[str, object] = {}
+        #: set when several reports run: load whole tables once instead of per report
+        self.prefer_full = False
         self._strings: dict[int, str] | None = None
         # Touch every table we may read so that truncation is reported up front.
         self._check_integrity()
@@ -150,7 +148,11 @@ class Export:
         return out
 
     def packed_columns(
-        self, table: str, plain: dict[str, str], pairs: list[tuple[str, str, str, str]]
+        self,
+        table: str,
+        plain: dict[str, str],
+        pairs: list[tuple[str, str, str, str]],
+        where: str = "",
     ) -> Columns:
         """Like :meth:`int_columns`, packing pairs of small ids into one value.
 
@@ -171,7 +173,7 @@ class Export:
             aggs.append(f"CAST(group_concat(({he} << 40) | {le}) AS BLOB)")
             aggs.append(f"count(({he} << 40) | {le})")
             aggs.append(f"min({he}), max({he}), min({le}), max({le})")
-        row = self.query(f"SELECT count(*), {', '.join(aggs)} FROM {table}")[0]
+        row = self.query(f"SELECT count(*), {', '.join(aggs)} FROM {table} {where}")[0]
         count = row[0]
         out: Columns = {}
         pos = 1
@@ -202,7 +204,7 @@ class Export:
         for hn, he, ln, le in pairs:
             exprs[hn] = he
             exprs[ln] = le
-        return self.int_columns(table, exprs)
+        return self.int_columns(table, exprs, where)
 
     def _parse_column(self, text: bytes | None, count: int, table: str, name: str) -> np.ndarray:
         if not count or text is None:
@@ -227,7 +229,11 @@ class Export:
 
     def names_for(self, ids: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
         """Map string ids to (codes, unique names); equal strings share one code."""
-        uniq, inv = np.unique(ids, return_inverse=True)
+        if ids.size == 0:
+            return np.empty(0, np.int64), []
+        lo = int(ids.min())
+        inv, rep = densify(ids - lo, int(ids.max()) - lo + 1)
+        uniq = ids[rep]
         strings = self.strings
         names: list[str | None] = []
         index: dict[str | None, int] = {}
@@ -269,16 +275,22 @@ class Export:
         if "runtime" not in self._cache:
             future = self._cache.pop("runtime_future", None)
             if future is not None:
-                self._cache["runtime"] = _receive(self.path, *future)  # type: ignore[misc]
+                pid, rfd, split = future  # type: ignore[misc]
+                # this process reads the rows after the child's share meanwhile
+                tail = self._load_runtime(f"WHERE rowid > {split}")
+                head = _receive(self.path, pid, rfd)
+                self._cache["runtime"] = {k: np.concatenate([head[k], tail[k]]) for k in head}
             else:
                 self._cache["runtime"] = self._load_runtime()
         return self._cache["runtime"]  # type: ignore[return-value]
 
-    def _load_runtime(self) -> Columns:
+    def _load_runtime(self, where: str = "") -> Columns:
+        """The CUDA API columns, in rowid order (``where``: a rowid range)."""
         return self.packed_columns(
             RUNTIME,
             {"start": "start", "end": "end", "globalTid": "globalTid"},
             [("nameId", "nameId", "correlationId", "correlationId")],
+            where,
         )
 
     def prefetch_runtime(self, min_rows: int = 200_000) -> None:
@@ -293,8 +305,16 @@ class Export:
             return
         if not hasattr(os, "fork"):
             return
-        if (self.query(f"SELECT max(rowid) FROM {RUNTIME}")[0][0] or 0) < min_rows:
+        n_api = self.query(f"SELECT max(rowid) FROM {RUNTIME}")[0][0] or 0
+        if n_api < min_rows:
             return
+        # Balance the two processes: this one also reads the kernel and NVTX tables (a
+        # kernel row costs about as much as an API row), so it takes the API rows after
+        # ``split`` and the child the ones before.
+        n_kern = 0
+        if self.has(KERNEL):
+            n_kern = self.query(f"SELECT max(rowid) FROM {KERNEL}")[0][0] or 0
+        split = min(n_api, int((n_kern + n_api) / 2 * 1.05))
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: never returns
@@ -303,7 +323,9 @@ class Export:
             try:
                 with os.fdopen(wfd, "wb") as fh:
                     try:
-                        payload: object = Export(self.path)._load_runtime()
+                        payload: object = Export(self.path, self.nsys_version)._load_runtime(
+                            f"WHERE rowid <= {split}"
+                        )
                     except Exception as exc:  # report any failure to the parent
                         payload = exc
                         code = 1
@@ -311,7 +333,26 @@ class Export:
             finally:
                 os._exit(code)
         os.close(wfd)
-        self._cache["runtime_future"] = (pid, rfd)
+        self._cache["runtime_future"] = (pid, rfd, split)
+
+    def name_durations(self, table: str, name_col: str) -> tuple[np.ndarray, np.ndarray]:
+        """(name id, end - start) of every row, read as one packed value per row.
+
+        For a report that needs nothing else (cuda_gpu_kern_sum, cuda_api_sum run on their
+        own): a quarter of the values of the full table load.  Uses the full load when it
+        is already cached or when the values do not fit the packing.
+        """
+        full = {KERNEL: "kernels:False", RUNTIME: "runtime"}.get(table)
+        cached = self._cache.get(full) if full else None
+        if (
+            cached is None
+            and not self.prefer_full
+            and (table != RUNTIME or "runtime_future" not in self._cache)
+        ):
+            cols = self.packed_columns(table, {}, [("name", name_col, "dur", "end - start")])
+            return cols["name"], cols["dur"]
+        c = self.kernels() if table == KERNEL else self.runtime()
+        return (c["name"] if table == KERNEL else c["nameId"]), c["end"] - c["start"]
 
     def memcpy(self) -> Columns:
         if "memcpy" not in self._cache:
@@ -358,43 +399,12 @@ class Export:
         return result
 
     def _load_nvtx(self) -> NvtxEvents:
-        cols = self.columns_of(NVTX)
-
-        def col(name: str) -> str:
-            return name if name in cols else "NULL"
-
-        types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
-        rows = self.query(
-            f"SELECT rowid, start, end, eventType, globalTid, {col('endGlobalTid')}, "
-            f"{col('textId')}, {col('domainId')}, {col('text')} "
-            f"FROM {NVTX} WHERE eventType IN ({types}, {NVTX_DOMAIN_CREATE})"
-        )
-        minmax = self.query(f"SELECT max(max(start), max(end)) FROM {NVTX}")[0]
-        rminmax = self.query(
-            f"SELECT min(min(start), min(end)), max(max(start), max(end)) FROM {NVTX} "
-            f"WHERE eventType IN ({types})"
-        )[0]
-        # Domain names: first DOMAIN_CREATE per (domainId, globalTid); matched per process.
-        domains: dict[tuple[int, int], tuple[int, str]] = {}
-        for rowid, start, _e, etype, gtid, _eg, _tid, dom, text in rows:
-            if etype == NVTX_DOMAIN_CREATE and dom is not None and gtid is not None:
-                key = (dom, gtid & 0x0000FFFFFF000000)
-                if key not in domains or start < domains[key][0]:
-                    domains[key] = (start, text)
-        strings = self.strings
-        keep = [r for r in rows if r[3] != NVTX_DOMAIN_CREATE]
-        names: list[str | None] = []
-        for _rowid, _s, _e, _t, gtid, _eg, text_id, dom, text in keep:
-            value = strings.get(text_id) if text_id is not None else None
-            label = value if value is not None else text
-            dname = None
-            if dom is not None and gtid is not None:
-                hit = domains.get((dom, gtid & 0x0000FFFFFF000000))
-                dname = hit[1] if hit else None
-            if dname is not None:
-                names.append(None if label is None else f"{dname}:{label}")
-            else:
-                names.append(label)
+        try:
+            keep, names, max_ts, rmin, rmax = nvtx_rows(
+                self.con, self.columns_of(NVTX), self.strings, self.nsys_version
+            )
+        except sqlite3.Error as exc:
+            raise ExportError(self.path, f"corrupt or truncated export ({exc})") from exc
 
         def arr(i: int) -> np.ndarray:
             return np.array([NULL if r[i] is None else r[i] for r in keep], dtype=np.int64)
@@ -407,9 +417,9 @@ class Export:
             end_global_tid=arr(5),
             rowid=arr(0),
             name=names,
-            max_ts=minmax[0],
-            range_max_ts=rminmax[1],
-            range_min_ts=rminmax[0],
+            max_ts=max_ts,
+            range_max_ts=rmax,
+            range_min_ts=rmin,
         )
 
     def gpu_info(self) -> dict[int, dict[str, object]]:

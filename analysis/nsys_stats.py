@@ -16,7 +16,14 @@ import numpy as np
 from analysis import fmt
 from analysis.export import KERNEL, MEMCPY, MEMSET, NULL, NVTX, RUNTIME, Export
 from analysis.fmt import Table
-from analysis.groupstats import GroupStats, codes_for, dense_codes, group_stats
+from analysis.groupstats import (
+    GroupStats,
+    codes_for,
+    dense_codes,
+    densify,
+    distinct_count,
+    group_stats,
+)
 from analysis.nvtx import (
     OpProjection,
     ProjRanges,
@@ -25,6 +32,7 @@ from analysis.nvtx import (
     project_ops,
     projection_ranges,
     style_of,
+    thread_codes,
 )
 
 DUR_STATS = ["Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"]
@@ -111,9 +119,9 @@ def report_cuda_gpu_kern_sum(ctx: Context) -> Table:
     ex = ctx.ex
     if not _requires(ex, KERNEL):
         return _empty("cuda_gpu_kern_sum")
-    k = ex.kernels()
-    codes, names = ctx.kernel_names()
-    st = group_stats(codes, k["end"] - k["start"])
+    ids, dur = ex.name_durations(KERNEL, "demangledName")
+    codes, names = ex.names_for(ids)
+    st = group_stats(codes, dur)
     gnames = [names[g] for g in st.group.tolist()]
     order = np.array(
         sorted(
@@ -158,9 +166,11 @@ def report_cuda_api_sum(ctx: Context) -> Table:
     ex = ctx.ex
     if not _requires(ex, RUNTIME):
         return _empty("cuda_api_sum")
-    rt = ex.runtime()
-    uniq, inv = np.unique(rt["nameId"], return_inverse=True)
-    st = group_stats(inv, rt["end"] - rt["start"])
+    name_ids, dur = ex.name_durations(RUNTIME, "nameId")
+    lo = int(name_ids.min()) if name_ids.size else 0
+    inv, rep = densify(name_ids - lo, int(name_ids.max()) - lo + 1 if name_ids.size else 1)
+    uniq = name_ids[rep]
+    st = group_stats(inv, dur)
     strings = ex.strings
     labels = [_api_name(strings.get(int(uniq[g]))) for g in st.group.tolist()]
     order = _order_total_desc(st, [lb or "" for lb in labels])
@@ -274,13 +284,21 @@ def report_nvtx_kern_sum(ctx: Context) -> Table:
     # a trailing dummy entry makes index -1 (no range) map to "NULL"
     name_code = np.r_[ranges.name_code, -1][rng]
     style_code = np.r_[[s == "StartEnd" for s in ranges.style], False][rng].astype(np.int64)
-    codes, first = dense_codes(pid + 1, tid + 1, name_code + 1, style_code, kcode[op])
+    # (pid, tid) is a function of globalTid: group on a small thread code instead
+    codes, first = dense_codes(thread_codes(gtid), name_code + 1, style_code, kcode[op])
     dur = (k["end"] - k["start"])[op]
     st = group_stats(codes, dur)
     ngroups = first.size
-    # count(DISTINCT nvtxid), count(DISTINCT kernid)
-    nvtx_inst = _distinct_per_group(codes, rng, ngroups, skip=-1)
-    kern_inst = _distinct_per_group(codes, op, ngroups, skip=None)
+    # count(DISTINCT nvtxid): a range fixes pid/tid/name/style, so key = (range, kernel name)
+    nk = len(knames)
+    has = rng >= 0
+    nvtx_inst = distinct_count(
+        codes[has], rng[has] * nk + kcode[op[has]], max(ranges.start.size, 1) * nk, ngroups
+    )
+    # count(DISTINCT kernid): a kernel fixes pid/tid/kernel name, so key = (kernel, name, style)
+    nn = len(ranges.names) + 1
+    kern_key = (op * nn + (name_code + 1)) * 2 + style_code
+    kern_inst = distinct_count(codes, kern_key, max(n, 1) * nn * 2, ngroups)
 
     def gname(g: int) -> str | None:
         c = int(name_code[first[g]])
@@ -312,18 +330,6 @@ def report_nvtx_kern_sum(ctx: Context) -> Table:
 
 def _null_int(v: int) -> tuple[bool, int]:
     return (v >= 0, int(v))
-
-
-def _distinct_per_group(
-    codes: np.ndarray, ids: np.ndarray, ngroups: int, skip: int | None
-) -> np.ndarray:
-    mask = np.ones(codes.size, bool) if skip is None else ids != skip
-    if not mask.any():
-        return np.zeros(ngroups, np.int64)
-    pairs, _ = dense_codes(codes[mask], ids[mask] - (skip or 0))
-    # one representative per distinct (group, id)
-    _, first = np.unique(pairs, return_index=True)
-    return np.bincount(codes[mask][first], minlength=ngroups)
 
 
 # -- nvtx_gpu_proj_sum ------------------------------------------------------------------
@@ -358,8 +364,7 @@ def report_nvtx_gpu_proj_sum(ctx: Context) -> Table:
     np.maximum.at(pend, pr, o_end[po])
     has_ops = np.zeros(nr, bool)
     has_ops[pr] = True
-    rt_corr = ex.runtime()["correlationId"][proj.api_index[po]]
-    op_nb = _distinct_per_group(pr, rt_corr, nr, skip=None)
+    op_nb = _distinct_api_per_range(pr, proj.api_index[po], proj.api_index, nr)
     parent = parents(ranges)
     level = levels(parent)
     child_nb = np.bincount(parent[has_ops & (parent >= 0)], minlength=nr)
@@ -402,6 +407,19 @@ def report_nvtx_gpu_proj_sum(ctx: Context) -> Table:
     return Table.from_columns(HEADERS["nvtx_gpu_proj_sum"], cols)
 
 
+def _distinct_api_per_range(
+    pr: np.ndarray, pair_api: np.ndarray, op_api: np.ndarray, nr: int
+) -> np.ndarray:
+    """count(DISTINCT correlationId) per range; one API row = one correlation id."""
+    if pair_api.size == 0:
+        return np.zeros(nr, np.int64)
+    launched = op_api[op_api >= 0]
+    if launched.size == 0 or np.bincount(launched).max() <= 1:
+        return np.bincount(pr, minlength=nr)  # one op per API call: pairs are distinct
+    bound = int(pair_api.max()) + 1
+    return distinct_count(pr, pr * bound + pair_api, nr * bound, nr)
+
+
 def _int_sum(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros(n, np.int64)
     np.add.at(out, codes, values.astype(np.int64))
@@ -420,5 +438,9 @@ BUILDERS: dict[str, Callable[[Context], Table]] = {
 
 
 def run_reports(ctx: Context, names: tuple[str, ...] = REPORTS) -> dict[str, Table]:
-    """Compute the named nsys reports (default: all seven)."""
-    return {name: BUILDERS[name](ctx) for name in names}
+    """Compute the named nsys reports (default: all seven).
+
+    Names and rounding follow the export's ``nsys_version`` reference version.
+    """
+    with fmt.reference(ctx.ex.nsys_version):
+        return {name: BUILDERS[name](ctx) for name in names}

@@ -99,6 +99,26 @@ def enclosing_pairs(
     return np.concatenate(out_r), np.concatenate(out_q)
 
 
+def few_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of an array with few distinct values (threads, processes).
+
+    Checks a strided sample first: when it already holds every value (verified with one
+    searchsorted pass), the full hash-based unique is skipped.
+    """
+    if values.size == 0:
+        return values
+    cand = np.unique(values[:: max(1, values.size // 4096)])
+    pos = np.minimum(np.searchsorted(cand, values), cand.size - 1)
+    if np.array_equal(cand[pos], values):
+        return cand
+    return np.unique(np.unique_values(values))
+
+
+def thread_codes(gtid: np.ndarray) -> np.ndarray:
+    """Dense codes (in value order) for globalTid-like keys."""
+    return np.searchsorted(few_unique(gtid), gtid)
+
+
 def match_runtime(
     rt_corr: np.ndarray, rt_gtid: np.ndarray, corr: np.ndarray, gpid: np.ndarray
 ) -> np.ndarray:
@@ -110,11 +130,20 @@ def match_runtime(
     if corr.size == 0 or rt_corr.size == 0:
         return np.full(corr.size, -1, np.int64)
     rt_pid = rt_gtid & PID_MASK
-    pids, inv = np.unique(np.concatenate([rt_pid, gpid]), return_inverse=True)
-    rt_code = inv[: rt_pid.size]
-    op_code = inv[rt_pid.size :]
-    shift = max(int(max(rt_corr.max(), corr.max())).bit_length(), 1)
-    if shift + max(len(pids), 1).bit_length() >= 63 or min(rt_corr.min(), corr.min()) < 0:
+    pids = np.union1d(few_unique(rt_pid), few_unique(gpid))
+    rt_code = np.searchsorted(pids, rt_pid)
+    op_code = np.searchsorted(pids, gpid)
+    lo = int(min(rt_corr.min(), corr.min()))
+    hi = int(max(rt_corr.max(), corr.max()))
+    span = hi - lo + 1
+    if lo >= 0 and span * len(pids) <= max(8 * (rt_corr.size + corr.size), 1 << 22):
+        # direct lookup table keyed by (process, correlationId): no sort needed
+        lut = np.full(span * len(pids), -1, np.int64)
+        rows = np.arange(rt_corr.size)
+        lut[(rt_code * span + rt_corr - lo)[::-1]] = rows[::-1]  # first row wins
+        return lut[op_code * span + corr - lo]
+    shift = max(hi.bit_length(), 1)
+    if shift + max(len(pids), 1).bit_length() >= 63 or lo < 0:
         return _match_slow(rt_corr, rt_code, corr, op_code)
     rt_key = (rt_code.astype(np.int64) << shift) | rt_corr
     op_key = (op_code.astype(np.int64) << shift) | corr

@@ -7,9 +7,18 @@ offset, so joins stay consistent.  Other CUDA API calls ("filler": cuGetProcAddr
 cudaStreamIsCapturing, ...) and NVTX ranges are replayed in a fraction of the copies so
 that the row counts hit ``--api-rows`` and ``--nvtx-ranges``.
 
-Then, on the same file in the same run: one ``nsys stats`` invocation with all seven
-``--report`` flags, one ``nsys stats`` per report, our ``stats`` for all seven in one
-process and ours per report; prints seconds, ratios and our peak RSS.
+How it is measured (the same way for both tools, on the same file, in the same run):
+
+* every figure is the wall time of a whole command, process start to exit, as a user
+  waits for it (``os.wait4`` on the child; Python start-up and imports included):
+  "all" = ``python -m analysis stats FILE -o DIR`` vs one ``nsys stats`` with the seven
+  ``--report`` flags; per report = ``... --report R`` as a separate command on each side;
+* a command that exits non-zero aborts the benchmark (a fast failure is no timing);
+* ``--repeat N`` runs every command N times and prints the median.
+
+nsys 2024.2.3 runs its report SQL in-process (no Python or child process: ``strace -f``
+shows a single process), so its short per-report times (~0.02 s on a small export) are
+real command wall times, not an internal timer.  Peak RSS is ``ru_maxrss`` of the child.
 
     .venv/bin/python benchmarks/analysis_speed.py --kernels 500000
     .venv/bin/python benchmarks/analysis_speed.py --kernels 5000000 --no-nsys
@@ -22,6 +31,7 @@ import math
 import os
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +49,11 @@ REPORTS = (
     "cuda_gpu_mem_time_sum",
     "cuda_gpu_mem_size_sum",
 )
-GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+GPU_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+)
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 NVTX_RANGE_TYPES = "(59, 60, 70, 71)"
 
@@ -60,6 +74,19 @@ def _select(cols: list[str], shift: str, coff: str) -> str:
     return ", ".join(out)
 
 
+def _fraction(want: int, have: int) -> tuple[int, int]:
+    """want/have clamped to [0, 1] as an integer fraction (numerator, denominator)."""
+    if have <= 0:
+        return (0, 1)
+    return (max(0, min(want, have)), have)
+
+
+def _pick(i: str, frac: tuple[int, int]) -> str:
+    """SQL condition selecting a fraction num/den of copies i, evenly spread."""
+    num, den = frac
+    return f"(({i}) * {num}) / {den} > (({i}) - 1) * {num} / {den}"
+
+
 def build_export(src: Path, dst: Path, kernels: int, api_rows: int, nvtx_ranges: int) -> dict:
     """Replay ``src`` into ``dst`` until it holds about ``kernels`` kernel records."""
     shutil.copyfile(src, dst)
@@ -71,7 +98,9 @@ def build_export(src: Path, dst: Path, kernels: int, api_rows: int, nvtx_ranges:
     copies = max(1, math.ceil(kernels / base_k))
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     gpu = [t for t in GPU_TABLES if t in tables]
-    bounds = [con.execute(f"SELECT min(start), max(end) FROM {t}").fetchone() for t in (*gpu, RUNTIME)]
+    bounds = [
+        con.execute(f"SELECT min(start), max(end) FROM {t}").fetchone() for t in (*gpu, RUNTIME)
+    ]
     lo = min(b[0] for b in bounds if b[0] is not None)
     hi = max(b[1] for b in bounds if b[1] is not None)
     nv_lo, nv_hi = con.execute(
@@ -94,9 +123,9 @@ def build_export(src: Path, dst: Path, kernels: int, api_rows: int, nvtx_ranges:
     base_nvtx = con.execute(
         f"SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN {NVTX_RANGE_TYPES}"
     ).fetchone()[0]
-    # replay filler API rows / NVTX ranges in every k-th copy only
-    filler_every = max(1, round((base_api - base_launch) * copies / max(api_rows - base_launch * copies, 1)))
-    nvtx_every = max(1, round(base_nvtx * copies / max(nvtx_ranges, 1)))
+    # replay filler API rows / NVTX ranges in a fraction of the copies (evenly spread)
+    filler = _fraction(api_rows - base_launch * copies, (base_api - base_launch) * copies)
+    nvtx = _fraction(nvtx_ranges, base_nvtx * copies)
     shift, off = f"r.i * {span}", f"r.i * {coff}"
     for t in gpu:
         cols = _cols(con, t)
@@ -106,14 +135,14 @@ def build_export(src: Path, dst: Path, kernels: int, api_rows: int, nvtx_ranges:
     con.execute(
         f"INSERT INTO {RUNTIME} ({', '.join(cols)}) SELECT {_select(cols, shift, off)} "
         f"FROM reps r CROSS JOIN (SELECT * FROM {RUNTIME}) t "
-        f"WHERE t.correlationId IN (SELECT correlationId FROM launch) OR r.i % {filler_every} = 0"
+        f"WHERE t.correlationId IN (SELECT correlationId FROM launch) OR {_pick('r.i', filler)}"
     )
     if "NVTX_EVENTS" in tables:
         cols = _cols(con, "NVTX_EVENTS")
         con.execute(
             f"INSERT INTO NVTX_EVENTS ({', '.join(cols)}) SELECT {_select(cols, shift, off)} "
             f"FROM reps r CROSS JOIN (SELECT * FROM NVTX_EVENTS WHERE eventType IN "
-            f"{NVTX_RANGE_TYPES}) t WHERE r.i % {nvtx_every} = 0"
+            f"{NVTX_RANGE_TYPES}) t WHERE {_pick('r.i', nvtx)}"
         )
     con.commit()
     counts = {
@@ -124,18 +153,28 @@ def build_export(src: Path, dst: Path, kernels: int, api_rows: int, nvtx_ranges:
     return {"copies": copies, **counts}
 
 
-def timed(cmd: list[str]) -> tuple[float, int, int]:
-    """(seconds, peak RSS in MB, exit code) of one child process."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    secs = time.perf_counter() - t
-    if proc.stderr is not None:
-        err = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-        if os.waitstatus_to_exitcode(status) != 0:
-            print(err[-2000:], file=sys.stderr)
-    return secs, usage.ru_maxrss // 1024, os.waitstatus_to_exitcode(status)
+def timed_once(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds from process start to exit, peak RSS in MB) of one command."""
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        secs = time.perf_counter() - t
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            msg = err.read().decode(errors="replace")[-2000:]
+            raise SystemExit(f"command failed (exit {code}): {' '.join(cmd)}\n{msg}")
+    return secs, usage.ru_maxrss // 1024
+
+
+REPEAT = 1
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """Median wall seconds and max peak RSS (MB) over ``REPEAT`` runs of ``cmd``."""
+    runs = [timed_once(cmd) for _ in range(REPEAT)]
+    return statistics.median(r[0] for r in runs), max(r[1] for r in runs)
 
 
 def find_nsys() -> str | None:
@@ -153,8 +192,18 @@ def find_nsys() -> str | None:
     return None
 
 
+def _parity(ours: Path, ref: Path) -> str:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from analysis_fixtures import compare_report
+
+    bad = [r for r in REPORTS if compare_report(ours / f"{r}.csv", ref / f"x_{r}.csv", r)]
+    return "all 7 reports identical" if not bad else f"DIFFERENT: {', '.join(bad)}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--kernels", type=int, default=500_000)
     ap.add_argument("--api-rows", type=int, default=None, help="default: 2 x kernels")
     ap.add_argument("--nvtx-ranges", type=int, default=None, help="default: 0.07 x kernels")
@@ -164,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-nsys", action="store_true", help="time only our engine")
     ap.add_argument("--no-per-report", action="store_true", help="skip per-report runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated export")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per command (median)")
     args = ap.parse_args(argv)
+    global REPEAT
+    REPEAT = max(1, args.repeat)
     api_rows = args.api_rows or 2 * args.kernels
     nvtx_ranges = args.nvtx_ranges or int(0.07 * args.kernels)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="analysis_speed_"))
@@ -175,24 +227,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built {big} in {time.perf_counter() - t:.1f} s: {counts}, "
           f"{big.stat().st_size / 1e6:.0f} MB")
     py = sys.executable
-    ours = [py, "-m", "analysis", "stats", str(big), "-o", str(work / "ours")]
-    results: dict[str, dict[str, float]] = {}
-    secs, rss, rc = timed(ours)
-    print(f"ours   all 7 reports: {secs:8.2f} s  peak RSS {rss} MB  rc={rc}")
-    results["all"] = {"ours": secs}
     nsys = None if args.no_nsys else (args.nsys or find_nsys())
+    version = "2025"
+    if nsys:
+        out = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout
+        version = "2024" if " 2024." in out else "2025"
+        print(f"{out.strip()}; our engine reproduces nsys {version}")
+    ours = [py, "-m", "analysis", "stats", str(big), "-o", str(work / "ours"),
+            "--nsys-version", version]  # fmt: skip
+    results: dict[str, dict[str, float]] = {}
+    print(f"whole-command wall times, median of {REPEAT} run(s); load average before: "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    secs, rss = timed(ours)
+    print(f"ours   all 7 reports: {secs:8.2f} s  peak RSS {rss} MB")
+    results["all"] = {"ours": secs}
     if nsys:
         cmd = [nsys, "stats", "--format", "csv", "--force-export=false", "--force-overwrite=true",
                "--output", str(work / "nsys" / "x")]
         (work / "nsys").mkdir(exist_ok=True)
         for r in REPORTS:
             cmd += ["--report", r]
-        secs_n, rss_n, rc_n = timed([*cmd, str(big)])
-        print(f"nsys   all 7 reports: {secs_n:8.2f} s  peak RSS {rss_n} MB  rc={rc_n}")
+        secs_n, rss_n = timed([*cmd, str(big)])
+        print(f"nsys   all 7 reports: {secs_n:8.2f} s  peak RSS {rss_n} MB")
         results["all"]["nsys"] = secs_n
+        print("parity ours vs nsys on this file:", _parity(work / "ours", work / "nsys"))
     if not args.no_per_report:
         for r in REPORTS:
-            s_o, rss_o, _ = timed([*ours, "--report", r])
+            s_o, rss_o = timed([*ours, "--report", r])
             results[r] = {"ours": s_o, "rss": rss_o}
             if nsys:
                 cmd = [nsys, "stats", "--format", "csv", "--force-export=false",

@@ -114,3 +114,22 @@ def _closest_diffs(
         ]
         out.append("  closest row differs in: " + "; ".join(diffs))
     return out
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/analysis_fixtures.py OURS_DIR REF_DIR [PREFIX]``: print differences."""
+    ours, ref = Path(argv[0]), Path(argv[1])
+    prefix = argv[2] if len(argv) > 2 else ""
+    bad = 0
+    for r in REPORTS:
+        problems = compare_report(ours / f"{r}.csv", ref / f"{prefix}{r}.csv", r)
+        print(r, "OK" if not problems else "\n".join(problems))
+        bad += bool(problems)
+    print("FAIL" if bad else "ALL OK")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -290,9 +290,8 @@ def test_gpt_train_nvtx_ranges_under_nsys(nsys: str, tmp_path: Path) -> None:
 def test_attention_nvtx_ranges_under_nsys(nsys: str, tmp_path: Path) -> None:
     steps = 2
     args = "attention --impl naive --batch 2 --seq 8 --embed 16 --heads 2 --warmup 1"
-    rows = profile_nvtx(
-        tmp_path, *args.split(), "--mode", "forward_backward", "--steps", str(steps)
-    )
+    args += " --mode forward_backward"
+    rows = profile_nvtx(nsys, tmp_path, *args.split(), "--steps", str(steps))
     counts = Counter(name for name, _, _ in rows)
     expected = [
         "profiled_step",

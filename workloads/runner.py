@@ -77,7 +77,7 @@ def run_steps(step: Step, *, warmup: int, steps: int, device: torch.device) -> M
             if start_event is not None and end_event is not None:
                 event_pairs.append((start_event, end_event))
             if loss is not None:
-                # Kept as tensors: .item() here would add a sync to the trace.
+                # Kept as tensors: .item() here would add a device-to-host copy to each step.
                 loss_tensors.append(loss.detach())
     if on_cuda:
         torch.cuda.profiler.stop()

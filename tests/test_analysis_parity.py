@@ -1,0 +1,115 @@
+"""Parity of ``python -m analysis stats`` with ``nsys stats`` on real exports.
+
+Every export under tests/fixtures/{h100,cpu,probe,nsys2025} is compared, report by
+report and cell by cell, with the CSVs that ``nsys stats --report R --format csv`` printed
+for it: tests/fixtures/nsys2025/<stem>/ (Nsight Systems 2025.3.1, the reference, run on
+the H100 machine) and tests/fixtures/nsys2024/<stem>/ (2024.2.3, run on the CPU machine).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.export import Export
+from analysis.nsys_stats import REPORTS, Context, run_reports
+from tests.analysis_fixtures import FIXTURES, compare_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _exports() -> dict[str, Path]:
+    found = {}
+    for sub in ("h100", "cpu", "probe", "nsys2025"):
+        for p in sorted((FIXTURES / sub).glob("*.sqlite")):
+            found[p.stem] = p
+    return found
+
+
+EXPORTS = _exports()
+CASES = [
+    (stem, version)
+    for version in ("2025", "2024")
+    for stem in EXPORTS
+    if (FIXTURES / f"nsys{version}" / stem / "nvtx_sum.csv").exists()
+]
+
+
+def test_fixtures_present() -> None:
+    # the reference (2025.3.1) CSVs must exist for every real H100 export
+    for stem in (
+        "attention_simple_vs_sdpa_nsys2024.2.3",
+        "attention_simple_vs_sdpa_nsys2025.3.1",
+        "attention_naive_b32_s100_e256",
+        "attention_sdpa_b32_s1000_e256",
+        "gpt_small_train_fp32_ctx512",
+    ):
+        assert (stem, "2025") in CASES
+        assert (stem, "2024") in CASES
+
+
+@pytest.mark.parametrize(("stem", "version"), CASES, ids=[f"{s}-nsys{v}" for s, v in CASES])
+def test_stats_parity(stem: str, version: str, tmp_path: Path) -> None:
+    with Export(EXPORTS[stem], nsys_version=version) as ex:
+        tables = run_reports(Context(ex))
+    problems = []
+    for report in REPORTS:
+        tables[report].write(tmp_path / f"{report}.csv")
+        ref = FIXTURES / f"nsys{version}" / stem / f"{report}.csv"
+        problems += compare_report(tmp_path / f"{report}.csv", ref, report)
+    assert not problems, "\n".join(problems)
+
+
+def test_cli_stats_writes_seven_csvs(tmp_path: Path) -> None:
+    stem = "attention_simple_vs_sdpa_nsys2025.3.1"
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, "-m", "analysis", "stats", str(EXPORTS[stem]), "-o", str(out)],
+        check=True,
+        cwd=ROOT,
+    )
+    problems = []
+    for report in REPORTS:
+        ref = FIXTURES / "nsys2025" / stem / f"{report}.csv"
+        problems += compare_report(out / f"{report}.csv", ref, report)
+    assert not problems, "\n".join(problems)
+
+
+def test_cli_single_report_with_prefetch(tmp_path: Path) -> None:
+    # the forked API-table prefetch path, forced on a small export
+    stem = "attention_simple_vs_sdpa_nsys2025.3.1"
+    with Export(EXPORTS[stem]) as ex:
+        ex.prefetch_runtime(min_rows=0)
+        table = run_reports(Context(ex), ("cuda_api_sum",))["cuda_api_sum"]
+    table.write(tmp_path / "cuda_api_sum.csv")
+    ref = FIXTURES / "nsys2025" / stem / "cuda_api_sum.csv"
+    assert not compare_report(tmp_path / "cuda_api_sum.csv", ref, "cuda_api_sum")
+
+
+def test_cpu_only_export_gives_header_only_csvs(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    subprocess.run(
+        [sys.executable, "-m", "analysis", "all", str(EXPORTS["cpu_no_nvtx"]), "-o", str(out)],
+        check=True,
+        cwd=ROOT,
+    )
+    for report in REPORTS:
+        lines = (out / f"{report}.csv").read_text().splitlines()
+        assert len(lines) == 1 and lines[0].count(",") >= 7, report
+
+
+@pytest.mark.parametrize(("stem", "version"), CASES, ids=[f"{s}-nsys{v}" for s, v in CASES])
+def test_lite_reports_parity(stem: str, version: str, tmp_path: Path) -> None:
+    # numpy-free implementations used when only small reports are requested
+    from analysis.lite import LITE_REPORTS, run_lite
+
+    tables = run_lite(EXPORTS[stem], sorted(LITE_REPORTS), version)
+    problems = []
+    for report, table in tables.items():
+        table.write(tmp_path / f"{report}.csv")
+        ref = FIXTURES / f"nsys{version}" / stem / f"{report}.csv"
+        problems += compare_report(tmp_path / f"{report}.csv", ref, report)
+    assert not problems, "\n".join(problems)
