@@ -27,9 +27,10 @@ def nsys() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True,
+              env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory."""
-    env = dict(os.environ)
+    env = {**os.environ, **(env_extra or {})}
     # Jobs run `python -m workloads/analysis` from the workdir: make the repo importable there
     # even when the project is not pip-installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,16 @@ def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
     done = snakemake(tmp_path, "-n", "--cores", "1")
     assert done.stdout.count("rule profile:") == 4 + 15 + 5, done.stdout[-2000:]
     assert done.stdout.count("rule compare:") == 2 + 5
+
+
+def test_pipeline_installs_nsys_when_none_is_found(tmp_path: Path) -> None:
+    """No nsys on PATH and an empty cache: the plan starts with install_nsys, and every
+    profile job waits for it."""
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                           if not shutil.which("nsys", path=d))
+    done = snakemake(tmp_path, "-n", "--cores", "1", "--configfile", str(SMOKE_CONFIG),
+                     env_extra={"PROFBENCH_CACHE": str(tmp_path / "cache"), "PATH": path})
+    assert done.stdout.count("rule install_nsys:") == 1
+    profile_jobs = done.stdout.split("rule profile:")[1:]
+    assert profile_jobs and all("nsys-2024.2.3/.complete" in job.split("output:")[0]
+                                for job in profile_jobs)
