@@ -1,6 +1,7 @@
 # profbench: profile attention and GPT workloads under Nsight Systems and report where the GPU
 # time goes. Stages: rules/profile.smk -> rules/analyze.smk -> rules/report.smk; the container
-# (rules/container.smk) is built first when running with --use-singularity.
+# (rules/container.smk) is built first when running with --use-singularity; rules/common.smk
+# holds the configuration and settings they share.
 #
 #   snakemake --cores 1 --use-singularity            # GPU default matrix (config.yaml)
 #   snakemake --cores 2 --configfile tests/smoke.yaml # CPU smoke matrix
@@ -23,8 +24,8 @@ if not workflow.config_settings.configfiles:
 report: "report/workflow.rst"
 
 
-include: "rules/container.smk"
 include: "rules/common.smk"
+include: "rules/container.smk"
 include: "rules/profile.smk"
 include: "rules/analyze.smk"
 include: "rules/report.smk"

@@ -10,9 +10,12 @@ import shutil
 import sys
 from pathlib import Path
 
+import subprocess
+
 import jsonschema
 import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 REPO = Path(workflow.basedir)
@@ -154,16 +157,9 @@ COMPARISONS = {
 RESULTS = config["results"].rstrip("/")
 LOGS = f"{RESULTS}/logs"
 
-# The 7 reports the analysis engine reproduces exactly (analysis/, docs/analysis.md).
-NSYS_REPORTS = [
-    "cuda_gpu_kern_sum",
-    "nvtx_sum",
-    "nvtx_kern_sum",
-    "nvtx_gpu_proj_sum",
-    "cuda_api_sum",
-    "cuda_gpu_mem_time_sum",
-    "cuda_gpu_mem_size_sum",
-]
+# The 7 reports the analysis engine reproduces exactly (docs/analysis.md).
+sys.path.insert(0, str(REPO))
+from analysis.nsys_stats import REPORTS as NSYS_REPORTS  # noqa: E402
 
 
 def workload_args(run):
@@ -175,12 +171,75 @@ def workload_args(run):
     return shlex.join(args)
 
 
-# --- tools: nsys and the Python that runs the workloads --------------------------------------
+# --- the container image (built by rules/container.smk) ---------------------------------------
 
 PROFBENCH_CACHE = Path(
     os.environ.get("PROFBENCH_CACHE")
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "profbench"
 )
+CONTAINER = config["container"]
+CONTAINER_VARIANT = CONTAINER["variant"]
+# The image the jobs use, in the workdir (a hard link to the hash-keyed cached build).
+CONTAINER_SIF = CONTAINER.get("image") or f"resources/profbench-{CONTAINER_VARIANT}.sif"
+USE_CONTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+# Snakemake orders jobs on inputs, not on `container:`: jobs in the image also take it as input.
+IMAGE_INPUT = CONTAINER_SIF if USE_CONTAINER else []
+# Every job that can run in the image names it; Snakemake uses it only with --use-singularity.
+RULE_CONTAINER = CONTAINER_SIF
+
+
+def ensure_apptainer():
+    """Put apptainer on PATH for Snakemake and the jobs (Snakemake checks it even in a dry
+    run). A system apptainer/singularity wins; else the project's relocatable install in
+    the cache, installed on first use on Debian machines (root, ~20 s)."""
+    if shutil.which("apptainer") or shutil.which("singularity"):
+        return
+    app = PROFBENCH_CACHE / "apptainer" / "app" / "usr" / "bin" / "apptainer"
+    if not (app.exists() and (PROFBENCH_CACHE / "apptainer" / ".complete").exists()):
+        if not (os.geteuid() == 0 and shutil.which("apt-get")):
+            raise WorkflowError(
+                "--use-singularity needs apptainer (>= 1.1) on PATH: install it "
+                "(https://apptainer.org) or, on Debian as root, run scripts/setup-apptainer.sh"
+            )
+        print("apptainer not found; running scripts/setup-apptainer.sh", file=sys.stderr)
+        done = subprocess.run([str(REPO / "scripts" / "setup-apptainer.sh")],
+                              stdout=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise WorkflowError("scripts/setup-apptainer.sh failed (see its messages above)")
+        app = Path(done.stdout.strip().splitlines()[-1])
+    os.environ.update(PATH=f"{app.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def bind_checkout_into_jobs():
+    """Snakemake binds only the workdir (as the container's home). With --directory outside
+    the checkout, jobs still import the checkout's packages (PYTHONPATH): bind it too."""
+    repo, cwd = REPO.resolve(), Path.cwd().resolve()
+    if repo != cwd and repo not in cwd.parents:
+        settings = workflow.deployment_settings
+        settings.apptainer_args = f"{settings.apptainer_args} --bind {shlex.quote(str(repo))}"
+
+
+def container_build_args():
+    """scripts/build-container.sh arguments from the `container` config section."""
+    args = ["--variant", CONTAINER_VARIANT]
+    if CONTAINER.get("torch"):
+        args += ["--torch", str(CONTAINER["torch"])]
+    if CONTAINER.get("torch_index"):
+        args += ["--torch-index", str(CONTAINER["torch_index"])]
+    return shlex.join(args)
+
+
+if USE_CONTAINER:
+    ensure_apptainer()
+    bind_checkout_into_jobs()
+    if not CONTAINER["build"] and not Path(CONTAINER_SIF).exists():
+        raise _config_error(
+            "container.image", f"container.build is false but {CONTAINER_SIF} does not exist"
+        )
+
+
+# --- tools: nsys and the Python that runs the workloads --------------------------------------
+
 # Where scripts/install-nsys.sh puts Debian's Nsight Systems (keep in sync with the script).
 NSYS_PREFIX = PROFBENCH_CACHE / "nsys-2024.2.3"
 CACHED_NSYS = NSYS_PREFIX / "usr/lib/nsight-systems/bin/nsys"
@@ -205,7 +264,5 @@ def _find_nsys():
 NSYS, NSYS_NEEDS_INSTALL = _find_nsys()
 # Profile jobs wait for the install job only when nsys has to be installed.
 NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
-# Every job that can run in the image names it; Snakemake uses it only with --use-singularity.
-RULE_CONTAINER = CONTAINER_SIF
 # The host interpreter itself (not a shim: nsys would trace the shim's shells too).
 PYTHON = "python3" if USE_CONTAINER else sys.executable

@@ -7,7 +7,7 @@
 #   --variant cuda|cpu   image variant (default cuda)
 #   --torch SPEC         pip requirement or the path of a torch wheel on this machine
 #                        (default: torch==2.13.0 for cuda; for cpu the 2.13.0+cpu cp311
-#                        wheel if one lies in a $PIP_FIND_LINKS directory, else
+#                        wheel if one lies in a pip find-links directory, else
 #                        torch==2.13.0+cpu from the PyTorch CPU index)
 #   --torch-index URL    extra pip index for torch, or "pypi" (default: pypi for cuda,
 #                        https://download.pytorch.org/whl/cpu for a cpu requirement)
@@ -19,6 +19,9 @@
 #   $PROFBENCH_CACHE/images/profbench-<variant>-<key12>.sif (+ .json with build facts).
 #   APPTAINER_TMPDIR: where the build's root filesystem is assembled (CUDA: ~10 GB).
 set -euo pipefail
+# Everything runs inside main(): bash reads a script as it goes, so editing this file during
+# a build would otherwise break the running build.
+main() {
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEF="$ROOT/containers/profbench.def"
@@ -40,10 +43,13 @@ while [ $# -gt 0 ]; do
 done
 case "$variant" in
   cuda) torch=${torch:-torch==2.13.0}; torch_index=${torch_index:-pypi} ;;
-  cpu) # Default: the CPU wheel from a local wheel directory named in PIP_FIND_LINKS (CI
-       # machines without access to download.pytorch.org), else the PyTorch CPU index.
+  cpu) # Default: the CPU wheel from a local find-links directory of pip's (PIP_FIND_LINKS
+       # or pip's configuration: CI machines without access to download.pytorch.org), else
+       # the PyTorch CPU index.
        if [ -z "$torch" ]; then
-         for d in ${PIP_FIND_LINKS:-}; do
+         links="${PIP_FIND_LINKS:-} $(python3 -m pip config list 2>/dev/null \
+           | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" | tr '\n' ' ')"
+         for d in $links; do
            w=$(ls "${d#file://}"/torch-2.13.0+cpu-cp311-cp311-manylinux*_x86_64.whl 2>/dev/null | head -n1 || true)
            [ -n "$w" ] && { torch=$w; break; }
          done
@@ -84,7 +90,8 @@ do_link() {
 }
 
 # One builder per key at a time (the test and a pipeline run may race).
-exec 9>"$image.lock"
+mkdir -p "$CACHE/images/locks"
+exec 9>"$CACHE/images/locks/$(basename "$image").lock"
 flock 9
 if [ -s "$image" ] && [ "$force" = 0 ]; then
   echo "build-container: cached $image" >&2
@@ -95,7 +102,7 @@ fi
 if command -v apptainer >/dev/null; then app=$(command -v apptainer)
 elif command -v singularity >/dev/null; then app=$(command -v singularity)
 else
-  echo "build-container: apptainer not on PATH; installing it with scripts/setup-apptainer.sh" >&2
+  echo "build-container: apptainer not on PATH; using scripts/setup-apptainer.sh (cached install)" >&2
   app=$("$ROOT/scripts/setup-apptainer.sh" | tail -n1)
 fi
 command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || {
@@ -103,9 +110,15 @@ command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || {
 
 # Build context: only what %files needs, without caches or results.
 ctx=$(mktemp -d "$CACHE/images/ctx.XXXXXX")
-trap 'rm -rf "$ctx" "$image.tmp"' EXIT
+# The root filesystem is assembled in APPTAINER_TMPDIR (CUDA: ~10 GB); by default a private
+# folder next to the cache instead of the shared /tmp.
+if [ -z "${APPTAINER_TMPDIR:-}" ]; then
+  export APPTAINER_TMPDIR="$ctx.tmp"; mkdir -p "$APPTAINER_TMPDIR"
+fi
+trap 'rm -rf "$ctx" "$ctx.tmp" "$image.tmp"' EXIT
+optional=(); [ -f "$ROOT/README.md" ] && optional=(README.md)
 (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - containers/profbench.def \
-   pyproject.toml scripts/install-nsys.sh workloads analysis $( [ -f README.md ] && echo README.md )) \
+   pyproject.toml scripts/install-nsys.sh workloads analysis "${optional[@]}") \
   | tar -xf - -C "$ctx"
 [ -f "$ctx/README.md" ] || : > "$ctx/README.md"   # pyproject's readme; not needed to run
 
@@ -152,3 +165,6 @@ JSON
 echo "build-container: built in ${secs}s, $((size / 1048576)) MiB" >&2
 do_link
 echo "$image"
+}
+
+main "$@"; exit
