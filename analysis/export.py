@@ -1,9 +1,11 @@
 """Read an Nsight Systems SQLite export once, into numpy arrays.
 
 Why not ``pd.read_sql``: building one Python object per cell dominates the run time of
-large exports.  Integer columns are instead fetched with one ``group_concat`` per column
-inside a single table scan (SQLite formats the numbers in C) and parsed by numpy.
-NULLs are mapped to a sentinel first because ``group_concat`` skips them.
+large exports.  Whole integer tables are decoded from the file itself
+(:mod:`analysis.sqlitefile`); otherwise (and for the NVTX table) integer columns are
+fetched with one ``group_concat`` per column inside a single table scan (SQLite formats
+the numbers in C) and parsed by numpy.  NULLs are mapped to a sentinel first because
+``group_concat`` skips them.
 
 Schema differences handled here (nsys 2024.x vs 2025.x): tables that are absent when
 nothing was traced (CPU-only capture), optional columns (``shortName``, ``endGlobalTid``,
@@ -15,15 +17,17 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from analysis.errors import ExportError
-from analysis.groupstats import densify
-from analysis.lite import connect, nvtx_rows
+from analysis.groupstats import dense_codes, densify
+from analysis.lite import PID_BITS, connect, nvtx_domains, range_name
+from analysis.sqlitefile import prepare
 
 NULL = np.iinfo(np.int64).min  # sentinel for SQL NULL in integer columns
 
@@ -56,7 +60,8 @@ class NvtxEvents:
     global_tid: np.ndarray  # int64
     end_global_tid: np.ndarray  # int64, NULL when the range ended on its start thread
     rowid: np.ndarray  # int64
-    name: list[str | None]  # "domain:text" as nsys builds it
+    name_code: np.ndarray  # per event: index into ``names``
+    names: list[str | None]  # distinct range names, "domain:text" as nsys builds them
     max_ts: int | None  # max(max(start), max(end)) over all NVTX_EVENTS rows
     range_max_ts: int | None  # same, over range events only (nvtx_kern/proj reports)
     range_min_ts: int | None
@@ -85,6 +90,8 @@ class Export:
         #: set when several reports run: load whole tables once instead of per report
         self.prefer_full = False
         self._strings: dict[int, str] | None = None
+        #: read the big integer tables from the file directly (False: always SQL)
+        self.raw_reader = os.environ.get("PROFBENCH_ANALYSIS_SQL_ONLY", "") == ""
         # Touch every table we may read so that truncation is reported up front.
         self._check_integrity()
 
@@ -117,23 +124,33 @@ class Export:
             self._cache[key] = {r[0] for r in rows}
         return self._cache[key]  # type: ignore[return-value]
 
-    def int_columns(self, table: str, exprs: dict[str, str], where: str = "") -> Columns:
+    def int_columns(
+        self, table: str, exprs: dict[str, str], where: str = "", nullable: Sequence[str] = ()
+    ) -> Columns:
         """Fetch integer expressions of ``table`` as int64 arrays (NULL -> ``NULL``).
 
         One table scan; every expression is aggregated with group_concat so that SQLite
         does the number formatting and numpy the parsing (no per-cell Python objects).
         Columns declared NOT NULL are read as is; for the others a count() tells whether
-        NULLs are present, and only then is the column re-read through ifnull().
+        NULLs are present, and only then is the column re-read through ifnull().  Names in
+        ``nullable`` (columns that usually hold NULLs) go through ifnull() at once.
         """
         names = list(exprs)
         if not self.has(table):
             return {n: np.empty(0, np.int64) for n in names}
+        if not where:
+            raw = self._raw_columns(table, exprs)
+            if raw is not None:
+                return raw
         notnull = self.notnull(table)
         aggs = []
         for n in names:
             e = exprs[n]
-            aggs.append(f"CAST(group_concat({e}) AS BLOB)")
-            aggs.append("count(*)" if e in notnull else f"count({e})")
+            if n in nullable:
+                aggs.append(f"CAST(group_concat(ifnull({e}, {NULL})) AS BLOB)")
+            else:
+                aggs.append(f"CAST(group_concat({e}) AS BLOB)")
+            aggs.append("count(*)" if e in notnull or n in nullable else f"count({e})")
         row = self.query(f"SELECT count(*), {', '.join(aggs)} FROM {table} {where}")[0]
         count = row[0]
         out: Columns = {}
@@ -164,6 +181,14 @@ class Export:
         if not self.has(table):
             names = [*plain, *(p[0] for p in pairs), *(p[2] for p in pairs)]
             return {n: np.empty(0, np.int64) for n in names}
+        if not where:
+            exprs = dict(plain)
+            for hn, he, ln, le in pairs:
+                exprs[hn] = he
+                exprs[ln] = le
+            raw = self._raw_columns(table, exprs)
+            if raw is not None:
+                return raw
         notnull = self.notnull(table)
         aggs: list[str] = []
         for e in plain.values():
@@ -205,6 +230,54 @@ class Export:
             exprs[hn] = he
             exprs[ln] = le
         return self.int_columns(table, exprs, where)
+
+    def _raw_columns(self, table: str, exprs: dict[str, str]) -> Columns | None:
+        """Columns read from the file itself (:mod:`analysis.sqlitefile`), or None.
+
+        Supports expressions that are a column name, an integer literal or
+        ``end - start``; None (use SQL) for anything else or when the reader declines.
+        """
+        plan = self._raw_plan(table, exprs)
+        return plan() if plan is not None else None
+
+    def _raw_plan(self, table: str, exprs: dict[str, str]) -> Callable[[], Columns | None] | None:
+        """:meth:`_raw_columns` in two steps: SQL look-ups now, the decoding (numpy only,
+        thread-safe) in the returned function."""
+        if not self.raw_reader:
+            return None
+        cols = self.columns_of(table)
+        needed: list[str] = []
+        for e in exprs.values():
+            if e == "end - start":
+                needed += ["start", "end"]
+            elif e in cols:
+                needed.append(e)
+            elif not e.isdigit():
+                return None
+        decode = prepare(self.path, self.con, table, sorted(set(needed)))
+        if decode is None:
+            return None
+        rows = None if needed else self.query(f"SELECT count(*) FROM {table}")[0][0]
+
+        def run() -> Columns | None:
+            data = decode()
+            if data is None:
+                return None
+            n = next(iter(data.values())).size if data else rows
+            out: Columns = {}
+            for name, e in exprs.items():
+                if e == "end - start":
+                    start, end = data["start"], data["end"]
+                    dur = end - start
+                    dur[(start == NULL) | (end == NULL)] = NULL
+                    out[name] = dur
+                elif e in data:
+                    out[name] = data[e]
+                else:
+                    out[name] = np.full(n, int(e), np.int64)
+            return out
+
+        return run
 
     def _parse_column(self, text: bytes | None, count: int, table: str, name: str) -> np.ndarray:
         if not count or text is None:
@@ -272,6 +345,12 @@ class Export:
         return self._cache[key]  # type: ignore[return-value]
 
     def runtime(self) -> Columns:
+        thread = self._cache.pop("runtime_thread", None)
+        if thread is not None:
+            worker, result = thread  # type: ignore[misc]
+            worker.join()
+            if result.get("data") is not None:
+                self._cache["runtime"] = result["data"]
         if "runtime" not in self._cache:
             future = self._cache.pop("runtime_future", None)
             if future is not None:
@@ -294,14 +373,29 @@ class Export:
         )
 
     def prefetch_runtime(self, min_rows: int = 200_000) -> None:
-        """Load the CUDA API table in a forked child while this process does other work.
+        """Load the CUDA API table while this process reads the other tables.
 
-        The API table is usually the largest one; SQLite's per-value work does not scale
-        across threads (one process holds the GIL/allocator locks), so a second process
-        uses the second core.  The child opens its own connection and pickles the arrays
-        back through a pipe.  No-op for small tables or where fork is unavailable.
+        Usually the table is decoded from the file in a thread (:meth:`_raw_plan`).  On the
+        SQL path a thread would not help (SQLite's per-value work holds the GIL between
+        rows), so a forked child on the second core reads it and pickles the arrays back
+        through a pipe; no-op there for small tables or where fork is unavailable.
         """
-        if "runtime" in self._cache or "runtime_future" in self._cache or not self.has(RUNTIME):
+        if any(k in self._cache for k in ("runtime", "runtime_future", "runtime_thread")):
+            return
+        if not self.has(RUNTIME):
+            return
+        plan = self._raw_plan(
+            RUNTIME,
+            {"start": "start", "end": "end", "globalTid": "globalTid", "nameId": "nameId",
+             "correlationId": "correlationId"},
+        )  # fmt: skip
+        if plan is not None:
+            # decoded from the file in a thread: numpy releases the GIL in its loops, so
+            # this overlaps with reading the other tables here
+            result: dict[str, Columns | None] = {}
+            worker = threading.Thread(target=lambda: result.update(data=plan()), daemon=True)
+            worker.start()
+            self._cache["runtime_thread"] = (worker, result)
             return
         if not hasattr(os, "fork"):
             return
@@ -347,7 +441,10 @@ class Export:
         if (
             cached is None
             and not self.prefer_full
-            and (table != RUNTIME or "runtime_future" not in self._cache)
+            and (
+                table != RUNTIME
+                or not ({"runtime_future", "runtime_thread"} & self._cache.keys())
+            )
         ):
             cols = self.packed_columns(table, {}, [("name", name_col, "dur", "end - start")])
             return cols["name"], cols["dur"]
@@ -399,24 +496,84 @@ class Export:
         return result
 
     def _load_nvtx(self) -> NvtxEvents:
-        try:
-            keep, names, max_ts, rmin, rmax = nvtx_rows(
-                self.con, self.columns_of(NVTX), self.strings, self.nsys_version
+        """Range events: integer columns as arrays, names built once per distinct
+        (textId, text, domainId, process) combination."""
+        cols = self.columns_of(NVTX)
+        types = ",".join(str(t) for t in NVTX_RANGE_TYPES)
+        where = f"WHERE eventType IN ({types})"
+
+        def col(c: str) -> str:
+            return c if c in cols else "NULL"
+
+        data = self.int_columns(
+            NVTX,
+            {
+                "rowid": "rowid",
+                "start": "start",
+                "end": "end",
+                "eventType": "eventType",
+                "globalTid": "globalTid",
+                "endGlobalTid": col("endGlobalTid"),
+                "textId": col("textId"),
+                "domainId": col("domainId"),
+            },
+            where,
+            nullable=("endGlobalTid", "textId", "domainId"),
+        )
+        max_ts = self.query("SELECT max(max(start), max(end)) FROM NVTX_EVENTS")[0][0]
+        rmin, rmax = _sql_min_max(data["start"], data["end"])
+        n = data["rowid"].size
+        # per row: index of its text among the distinct texts (0 = NULL)
+        text_code = np.zeros(n, np.int64)
+        texts: list[str | None] = [None]
+        if "text" in cols:
+            rows = self.query(f"SELECT rowid, text FROM NVTX_EVENTS {where} AND text IS NOT NULL")
+            if rows:
+                index: dict[str, int] = {}
+                ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+                code = np.fromiter(
+                    (index.setdefault(r[1], len(index) + 1) for r in rows), np.int64, len(rows)
+                )
+                texts += list(index)
+                text_code[np.searchsorted(data["rowid"], ids)] = code  # rowid order
+        gtid = data["globalTid"]
+        pid = np.where(gtid == NULL, NULL, gtid & PID_BITS)
+        keys = [data["textId"], text_code, data["domainId"], pid]
+        inverse = []
+        uniques = []
+        for k in keys:
+            u, inv = np.unique(k, return_inverse=True)
+            uniques.append(u)
+            inverse.append(inv.reshape(-1).astype(np.int64))
+        combo, first = dense_codes(*inverse)
+        strings = self.strings
+        domains = nvtx_domains(self.con, cols, strings, self.nsys_version)
+
+        def opt(v: int) -> int | None:
+            return None if v == NULL else v
+
+        names: list[str | None] = []
+        name_index: dict[str | None, int] = {}
+        combo_name = np.empty(first.size, np.int64)
+        for c, row in enumerate(first.tolist()):
+            tid_, tcode, dom, p = (
+                int(u[inv[row]]) for u, inv in zip(uniques, inverse, strict=True)
             )
-        except sqlite3.Error as exc:
-            raise ExportError(self.path, f"corrupt or truncated export ({exc})") from exc
-
-        def arr(i: int) -> np.ndarray:
-            return np.array([NULL if r[i] is None else r[i] for r in keep], dtype=np.int64)
-
+            name = range_name(
+                opt(tid_), texts[tcode], opt(dom), opt(p), strings, domains, self.nsys_version
+            )
+            combo_name[c] = name_index.setdefault(name, len(names))
+            if combo_name[c] == len(names):
+                names.append(name)
         return NvtxEvents(
-            start=arr(1),
-            end=arr(2),
-            event_type=arr(3),
-            global_tid=arr(4),
-            end_global_tid=arr(5),
-            rowid=arr(0),
-            name=names,
+            start=data["start"],
+            end=data["end"],
+            event_type=data["eventType"],
+            global_tid=gtid,
+            end_global_tid=data["endGlobalTid"],
+            rowid=data["rowid"],
+            name_code=combo_name[combo] if n else np.empty(0, np.int64),
+            names=names,
             max_ts=max_ts,
             range_max_ts=rmax,
             range_min_ts=rmin,
@@ -443,6 +600,14 @@ class Export:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sql_min_max(a: np.ndarray, b: np.ndarray) -> tuple[int | None, int | None]:
+    """SQL ``min(min(a), min(b)), max(max(a), max(b))`` (NULL when either column is)."""
+    va, vb = a[a != NULL], b[b != NULL]
+    if not va.size or not vb.size:
+        return None, None
+    return min(int(va.min()), int(vb.min())), max(int(va.max()), int(vb.max()))
 
 
 def _receive(path: Path, pid: int, rfd: int) -> Columns:

@@ -85,6 +85,7 @@ class Context:
     _ranges: ProjRanges | None = None
     _ranges_done: bool = False
     _kproj: OpProjection | None = None
+    _oproj: OpProjection | None = None
     _kernel_names: tuple[np.ndarray, list[str | None]] | None = None
 
     def ranges(self) -> ProjRanges | None:
@@ -99,10 +100,23 @@ class Context:
             self._kernel_names = self.ex.names_for(self.ex.kernels()["name"])
         return self._kernel_names
 
+    def ops_projection(self) -> OpProjection:
+        """Projection of all GPU ops: kernels, then memcpy, then memset rows (one join)."""
+        if self._oproj is None:
+            ex = self.ex
+            k, mc, ms = ex.kernels(), ex.memcpy(), ex.memset()
+            corr = np.concatenate([k["correlationId"], mc["correlationId"], ms["correlationId"]])
+            gpid = np.concatenate([k["globalPid"], mc["globalPid"], ms["globalPid"]])
+            self._oproj = project_ops(ex, self.ranges(), corr, gpid)
+        return self._oproj
+
     def kernel_projection(self) -> OpProjection:
+        """The kernels' part of :meth:`ops_projection` (kernels are its first ops)."""
         if self._kproj is None:
-            k = self.ex.kernels()
-            self._kproj = project_ops(self.ex, self.ranges(), k["correlationId"], k["globalPid"])
+            ops = self.ops_projection()
+            n = self.ex.kernels()["start"].size
+            keep = ops.pair_op < n
+            self._kproj = OpProjection(ops.api_index[:n], ops.pair_range[keep], ops.pair_op[keep])
         return self._kproj
 
 
@@ -248,7 +262,7 @@ def report_nvtx_sum(ctx: Context) -> Table:
     end = nv.end.copy()
     end[end == NULL] = nv.max_ts if nv.max_ts is not None else 0
     styles = style_of(nv.event_type)
-    name_codes, names = codes_for(nv.name)
+    name_codes, names = nv.name_code, nv.names
     style_codes = np.array([s == "StartEnd" for s in styles], np.int64)
     codes, first = dense_codes(name_codes, style_codes)
     st = group_stats(codes, end - nv.start)
@@ -347,12 +361,7 @@ def report_nvtx_gpu_proj_sum(ctx: Context) -> Table:
     # gpuops: kernels, then memcpy, then memset
     o_start = np.concatenate([k["start"], mc["start"], ms["start"]])
     o_end = np.concatenate([k["end"], mc["end"], ms["end"]])
-    o_corr = np.concatenate([k["correlationId"], mc["correlationId"], ms["correlationId"]])
-    o_pid = np.concatenate([k["globalPid"], mc["globalPid"], ms["globalPid"]])
-    if ex.has(MEMCPY) or ex.has(MEMSET):
-        proj = project_ops(ex, ranges, o_corr, o_pid)
-    else:
-        proj = ctx.kernel_projection()
+    proj = ctx.ops_projection()
     pr, po = proj.pair_range, proj.pair_op
     nr = ranges.start.size
     if pr.size == 0:

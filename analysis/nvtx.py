@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.export import NULL, NVTX_PUSHPOP_TYPES, Export, NvtxEvents
-from analysis.groupstats import codes_for
 
 PID_MASK = np.int64(-16777216)  # 0xFFFFFFFFFF000000 as int64: VM id + process id bits
 
@@ -44,15 +43,13 @@ def projection_ranges(nv: NvtxEvents) -> ProjRanges:
     end = nv.end[idx].copy()
     if nv.range_max_ts is not None:
         end[end == NULL] = nv.range_max_ts
-    names = [nv.name[i] for i in idx.tolist()]
-    codes, labels = codes_for(names)
     return ProjRanges(
         range_id=nv.rowid[idx],
         start=nv.start[idx],
         end=end,
         tid=nv.global_tid[idx],
-        name_code=codes,
-        names=labels,  # type: ignore[arg-type]
+        name_code=nv.name_code[idx],
+        names=nv.names,
         style=style_of(nv.event_type[idx]),
     )
 
@@ -131,8 +128,12 @@ def match_runtime(
         return np.full(corr.size, -1, np.int64)
     rt_pid = rt_gtid & PID_MASK
     pids = np.union1d(few_unique(rt_pid), few_unique(gpid))
-    rt_code = np.searchsorted(pids, rt_pid)
-    op_code = np.searchsorted(pids, gpid)
+    if len(pids) == 1:  # one process (the usual case): codes are all 0
+        rt_code = np.zeros(rt_corr.size, np.int64)
+        op_code = np.zeros(corr.size, np.int64)
+    else:
+        rt_code = np.searchsorted(pids, rt_pid)
+        op_code = np.searchsorted(pids, gpid)
     lo = int(min(rt_corr.min(), corr.min()))
     hi = int(max(rt_corr.max(), corr.max()))
     span = hi - lo + 1
@@ -147,8 +148,13 @@ def match_runtime(
         return _match_slow(rt_corr, rt_code, corr, op_code)
     rt_key = (rt_code.astype(np.int64) << shift) | rt_corr
     op_key = (op_code.astype(np.int64) << shift) | corr
-    order = np.argsort(rt_key, kind="stable")
-    sorted_keys = rt_key[order]
+    if rt_key.size > 1 and bool((rt_key[1:] > rt_key[:-1]).all()):
+        # API rows usually come in correlationId order already (one process): no sort
+        order = np.arange(rt_key.size)
+        sorted_keys = rt_key
+    else:
+        order = np.argsort(rt_key, kind="stable")
+        sorted_keys = rt_key[order]
     pos = np.searchsorted(sorted_keys, op_key, "left")
     pos_c = np.minimum(pos, sorted_keys.size - 1)
     found = sorted_keys[pos_c] == op_key

@@ -51,9 +51,12 @@ def test_fixtures_present() -> None:
         assert (stem, "2024") in CASES
 
 
+@pytest.mark.parametrize("reader", ["file", "sql"])
 @pytest.mark.parametrize(("stem", "version"), CASES, ids=[f"{s}-nsys{v}" for s, v in CASES])
-def test_stats_parity(stem: str, version: str, tmp_path: Path) -> None:
+def test_stats_parity(stem: str, version: str, reader: str, tmp_path: Path) -> None:
+    # reader: big tables read from the file itself (default) or through SQL (fallback)
     with Export(EXPORTS[stem], nsys_version=version) as ex:
+        ex.raw_reader = reader == "file"
         tables = run_reports(Context(ex))
     problems = []
     for report in REPORTS:
@@ -82,6 +85,7 @@ def test_cli_single_report_with_prefetch(tmp_path: Path) -> None:
     # the forked API-table prefetch path, forced on a small export
     stem = "attention_simple_vs_sdpa_nsys2025.3.1"
     with Export(EXPORTS[stem]) as ex:
+        ex.raw_reader = False  # the file reader loads the table at once, without a fork
         ex.prefetch_runtime(min_rows=0)
         table = run_reports(Context(ex), ("cuda_api_sum",))["cuda_api_sum"]
     table.write(tmp_path / "cuda_api_sum.csv")
