@@ -17,6 +17,7 @@ from itertools import compress
 from analysis import fmt
 from analysis.errors import ExportError
 from analysis.fmt import Table
+from analysis.reports import HEADERS
 
 TYPE_CHECKING = False  # typing, collections.abc, pathlib, urllib: too slow to import here
 if TYPE_CHECKING:
@@ -55,15 +56,6 @@ NVTX_RANGE_TYPES = (59, 60, 70, 71)
 NVTX_PUSHPOP_TYPES = (59, 70)
 LITE_REPORTS = frozenset({"nvtx_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum"})
 
-DUR_STATS = ["Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)"]
-HEADERS = {
-    "nvtx_sum": ["Time (%)", "Total Time (ns)", "Instances", *DUR_STATS, "Style", "Range"],
-    "cuda_gpu_mem_time_sum": ["Time (%)", "Total Time (ns)", "Count", *DUR_STATS, "Operation"],
-    "cuda_gpu_mem_size_sum": [
-        "Total (MB)", "Count", "Avg (MB)", "Med (MB)", "Min (MB)", "Max (MB)", "StdDev (MB)",
-        "Operation",
-    ],
-}  # fmt: skip
 
 Row = tuple
 

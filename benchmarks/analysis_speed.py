@@ -41,16 +41,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from analysis.reports import REPORTS  # noqa: E402  (the repo, not an installed copy)
+
 DEFAULT_FIXTURE = ROOT / "tests/fixtures/h100/attention_simple_vs_sdpa_nsys2025.3.1.sqlite"
-REPORTS = (
-    "cuda_gpu_kern_sum",
-    "nvtx_sum",
-    "nvtx_kern_sum",
-    "nvtx_gpu_proj_sum",
-    "cuda_api_sum",
-    "cuda_gpu_mem_time_sum",
-    "cuda_gpu_mem_size_sum",
-)
 GPU_TABLES = (
     "CUPTI_ACTIVITY_KIND_KERNEL",
     "CUPTI_ACTIVITY_KIND_MEMCPY",

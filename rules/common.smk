@@ -159,7 +159,7 @@ LOGS = f"{RESULTS}/logs"
 
 # The 7 reports the analysis engine reproduces exactly (docs/analysis.md).
 sys.path.insert(0, str(REPO))
-from analysis.nsys_stats import REPORTS as NSYS_REPORTS  # noqa: E402
+from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 
 
 def workload_args(run):

@@ -7,20 +7,13 @@ from collections import Counter
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from analysis.reports import REPORTS
+
 FIXTURES = Path(__file__).parent / "fixtures"
 H100 = FIXTURES / "h100"
 CPU = FIXTURES / "cpu"
 NSYS2025 = FIXTURES / "nsys2025"
 
-REPORTS = (
-    "cuda_gpu_kern_sum",
-    "nvtx_sum",
-    "nvtx_kern_sum",
-    "nvtx_gpu_proj_sum",
-    "cuda_api_sum",
-    "cuda_gpu_mem_time_sum",
-    "cuda_gpu_mem_size_sum",
-)
 
 # ORDER BY of each report, as column names; direction -1 = DESC.  Rows whose keys tie
 # may come in any order (nsys leaves them unordered too).

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import SMOKE_CONFIG, snakemake
 
-from analysis.nsys_stats import REPORTS as NSYS_REPORTS
+from analysis.reports import REPORTS as NSYS_REPORTS
 
 pytestmark = pytest.mark.slow
 
