@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.categories import categorize, tensor_core_rule
+from analysis.categories import categorize, tensor_core_rule, uses_tensor_cores
 from analysis.errors import ExportError
 from analysis.export import Export
 from analysis.metrics import run_metrics, union_busy
@@ -287,3 +287,19 @@ def test_bad_exports_raise_export_error(kind: str, tmp_path: Path) -> None:
                           str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2
     assert bad.name in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bf16_training_capture_runs_on_tensor_cores() -> None:
+    """The real H100 bf16-autocast train step: its cuBLAS GEMMs (nvjet / sm90 kernels) are
+    tensor-core kernels, and they are the only GEMMs there."""
+    con = sqlite3.connect(H100 / "gpt_small_train_bf16_ctx512.sqlite")
+    names = [r[0] for r in con.execute(
+        "SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+        "JOIN StringIds s ON s.id = k.demangledName")]  # fmt: skip
+    con.close()
+    gemms = [n for n in names if categorize(n) == "GEMM"]
+    assert any(n.startswith("nvjet") for n in gemms), gemms
+    assert gemms and all(uses_tensor_cores(n) for n in gemms), [
+        n for n in gemms if not uses_tensor_cores(n)]
+    share = run_metrics(H100 / "gpt_small_train_bf16_ctx512.sqlite")
+    assert 0.05 < share["tensor_core_share"] < 1.0

@@ -46,6 +46,7 @@ def test_fixtures_present() -> None:
         "attention_naive_b32_s100_e256",
         "attention_sdpa_b32_s1000_e256",
         "gpt_small_train_fp32_ctx512",
+        "gpt_small_train_bf16_ctx512",
     ):
         assert (stem, "2025") in CASES
         assert (stem, "2024") in CASES
