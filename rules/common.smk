@@ -7,10 +7,9 @@ import itertools
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
-
-import subprocess
 
 import jsonschema
 import yaml
