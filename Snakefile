@@ -35,6 +35,8 @@ rule all:
     input:
         f"{RESULTS}/summary.csv",
         expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
-        expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=RUNS),
-        expand(f"{RESULTS}/compare/{{name}}/compare_categories.csv", name=COMPARISONS),
+        expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
+        expand(f"{RESULTS}/compare/{{name}}/speedup.csv", name=COMPARISONS),
+        expand(f"{RESULTS}/compare/{{name}}/compare_categories.csv", name=PROFILED_COMPARISONS),
+        expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
     default_target: True

@@ -2,30 +2,40 @@
 
 
 rule run_stats:
-    """The 7 nsys stats reports (same values as `nsys stats`) plus extras, for one run."""
+    """The 7 nsys stats reports (same values as `nsys stats`) plus extras, for one run; a run
+    that failed gets empty reports and a metrics.json with its status."""
     input:
         image=IMAGE_INPUT,
         sqlite=f"{RESULTS}/{{run}}/profile.sqlite",
+        times=f"{RESULTS}/{{run}}/times.json",
     output:
-        csvs=[f"{RESULTS}/{{run}}/stats/{report}.csv" for report in NSYS_REPORTS],
+        csvs=[f"{RESULTS}/{{run}}/stats/{report}.csv" for report in STATS_CSVS],
         metrics=f"{RESULTS}/{{run}}/stats/metrics.json",
     log:
         f"{LOGS}/run_stats/{{run}}.log",
     params:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.metrics),
+        reports=" ".join(STATS_CSVS),
     container:
         RULE_CONTAINER
     shell:
-        "{params.python} -m analysis all {input.sqlite} -o {params.outdir} > {log} 2>&1"
+        "if {params.python} -m pipeline.outcome ok {input.times}; then"
+        " {params.python} -m analysis all {input.sqlite} -o {params.outdir} > {log} 2>&1;"
+        " else {params.python} -m pipeline.outcome failed-stats {input.times} {params.outdir}"
+        " {params.reports} > {log} 2>&1; fi"
 
 
 rule aggregate:
-    """One row per run: parameters, step times, provenance and the per-run GPU metrics."""
+    """One row per run: untraced step time with its CI, traced time and profiler overhead,
+    status, parameters, GPU metrics, phase GPU time and provenance."""
     input:
         image=IMAGE_INPUT,
-        times=expand(f"{RESULTS}/{{run}}/times.json", run=RUNS),
-        metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=RUNS),
+        plan=f"{RESULTS}/plan.json",
+        calibration=CALIBRATION_INPUT,
+        timing=expand(f"{RESULTS}/{{run}}/timing/r{{repeat}}.json", run=RUNS, repeat=REPEATS),
+        times=expand(f"{RESULTS}/{{run}}/times.json", run=PROFILED),
+        metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
     output:
         report(
             f"{RESULTS}/summary.csv",
@@ -36,13 +46,74 @@ rule aggregate:
         f"{LOGS}/aggregate.log",
     params:
         python=PYTHON,
-        runs=list(RUNS),
-        results=lambda wc, input: os.path.dirname(os.path.dirname(input.times[0])),
+        results=RESULTS,
+        calibration=lambda wc, input: f"--calibration {input.calibration}"
+        if input.calibration
+        else "",
     container:
         RULE_CONTAINER
     shell:
-        "{params.python} -m analysis.aggregate --results {params.results}"
-        " --runs {params.runs} -o {output} > {log} 2>&1"
+        "{params.python} -m analysis aggregate --results {params.results} --plan {input.plan}"
+        " {params.calibration} -o {output} > {log} 2>&1"
+
+
+rule ladders:
+    """Per ladder (e.g. per model size): each rung's step time with CI, gain over the rung
+    before and over the first, MFU and peak memory."""
+    input:
+        image=IMAGE_INPUT,
+        plan=f"{RESULTS}/plan.json",
+        summary=f"{RESULTS}/summary.csv",
+    output:
+        [
+            report(
+                f"{RESULTS}/ladders/{table}.csv",
+                caption="../report/ladder.rst",
+                category="Ladders",
+            )
+            for table in LADDER_TABLES
+        ],
+    log:
+        f"{LOGS}/ladders.log",
+    params:
+        python=PYTHON,
+        results=RESULTS,
+        outdir=f"{RESULTS}/ladders",
+    container:
+        RULE_CONTAINER
+    shell:
+        "{params.python} -m analysis ladders --results {params.results} --plan {input.plan}"
+        " --summary {input.summary} -o {params.outdir} > {log} 2>&1"
+
+
+rule speedup:
+    """Baseline vs candidate untraced step time: the speed-up with its 95% CI and whether
+    the difference is significant."""
+    input:
+        image=IMAGE_INPUT,
+        a=lambda wc: expand(
+            f"{RESULTS}/{COMPARISONS[wc.name]['a']}/timing/r{{repeat}}.json", repeat=REPEATS
+        ),
+        b=lambda wc: expand(
+            f"{RESULTS}/{COMPARISONS[wc.name]['b']}/timing/r{{repeat}}.json", repeat=REPEATS
+        ),
+    output:
+        report(
+            f"{RESULTS}/compare/{{name}}/speedup.csv",
+            caption="../report/speedup.rst",
+            category="Comparisons",
+            subcategory="{name}",
+        ),
+    log:
+        f"{LOGS}/speedup/{{name}}.log",
+    params:
+        python=PYTHON,
+        a=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}",
+        b=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}",
+    container:
+        RULE_CONTAINER
+    shell:
+        "{params.python} -m analysis speedup {params.a} {params.b} -o {output} > {log} 2>&1"
 
 
 rule compare:
@@ -51,6 +122,8 @@ rule compare:
         image=IMAGE_INPUT,
         a=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}/profile.sqlite",
         b=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/profile.sqlite",
+        ta=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}/times.json",
+        tb=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/times.json",
     output:
         categories=report(
             f"{RESULTS}/compare/{{name}}/compare_categories.csv",
@@ -75,7 +148,13 @@ rule compare:
     params:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.categories),
+        reports=" ".join(["compare_categories", "compare_nvtx", "compare_metrics"]),
     container:
         RULE_CONTAINER
     shell:
-        "{params.python} -m analysis compare {input.a} {input.b} -o {params.outdir} > {log} 2>&1"
+        # A side that failed has no capture: the comparison is left empty, with the reason.
+        "if {params.python} -m pipeline.outcome ok {input.ta} &&"
+        " {params.python} -m pipeline.outcome ok {input.tb}; then"
+        " {params.python} -m analysis compare {input.a} {input.b} -o {params.outdir} > {log} 2>&1;"
+        " else for r in {params.reports}; do : > {params.outdir}/$r.csv; done;"
+        " echo 'one side failed: see its times.json' > {log}; fi"

@@ -4,6 +4,7 @@
 
 import fnmatch
 import itertools
+import json
 import os
 import shlex
 import shutil
@@ -60,7 +61,27 @@ def _run_schemas():
 RUN_SCHEMAS = _run_schemas()
 
 
+# Run keys for the pipeline itself, never passed to the workload: name -> (type, default).
+PIPELINE_RUN_KEYS = {
+    "profile": (bool, True),  # false: untraced timing only (no nsys capture), e.g. big sweeps
+}
+
+
+def pipeline_settings(params):
+    """The pipeline's own keys of a run, with defaults."""
+    return {k: params.get(k, default) for k, (_, default) in PIPELINE_RUN_KEYS.items()}
+
+
+def workload_params(params):
+    """The run's parameters without the pipeline's own keys."""
+    return {k: v for k, v in params.items() if k not in PIPELINE_RUN_KEYS}
+
+
 def _check_run(where, params):
+    for key, (kind, _) in PIPELINE_RUN_KEYS.items():
+        if key in params and not isinstance(params[key], kind):
+            raise _config_error(f"{where}.{key}", f"{params[key]!r} is not of type {kind.__name__}")
+    params = workload_params(params)
     _check_keys(where, params)
     try:
         jsonschema.validate(params, RUN_SCHEMAS[params["workload"]])
@@ -77,7 +98,7 @@ def _check_keys(where, params):
             f"{where}.workload",
             f"unknown workload {workload!r}; expected one of {sorted(RUN_SCHEMAS)}",
         )
-    allowed = RUN_SCHEMAS[workload]["properties"]
+    allowed = {**RUN_SCHEMAS[workload]["properties"], **PIPELINE_RUN_KEYS}
     for key in params:
         if key not in allowed:
             raise _config_error(
@@ -115,6 +136,10 @@ def resolve_runs(cfg):
         if name in runs:
             raise _config_error(f"runs.{name}", "name also produced by a sweep")
         runs[name] = (f"runs.{name}", dict(params or {}))
+    for name, (where, params, _) in expand_ladders(cfg).items():
+        if name in runs:
+            raise _config_error(where, f"run name {name!r} is also defined elsewhere")
+        runs[name] = (where, params)
     if not runs:
         raise _config_error("runs", "no runs defined (add entries under 'runs' or 'sweeps')")
     resolved = {}
@@ -122,10 +147,64 @@ def resolve_runs(cfg):
         merged = {**cfg["defaults"], **params}
         # Defaults may hold keys that only some workloads take (e.g. 'context' for gpt).
         allowed = RUN_SCHEMAS.get(merged.get("workload"), {}).get("properties", {})
-        merged = {k: v for k, v in merged.items() if k in params or k in allowed}
+        merged = {
+            k: v for k, v in merged.items()
+            if k in params or k in allowed or k in PIPELINE_RUN_KEYS
+        }
         _check_run(where, merged)
         resolved[name] = merged
     return resolved
+
+
+def expand_ladders(cfg):
+    """Ladder runs: name -> (where, params, (ladder, group, rung index, rung name)).
+
+    Each list value in a ladder's `base` gives one ladder (e.g. one per model size); rung i
+    runs `base` plus the keys of rungs 0..i, so each rung adds one optimization to the last.
+    """
+    out = {}
+    for index, ladder in enumerate(cfg.get("ladders", [])):
+        where = f"ladders[{index}]"
+        base = dict(ladder["base"])
+        _check_keys(where + ".base", base)
+        axes = {k: v for k, v in base.items() if isinstance(v, list)}
+        for values in itertools.product(*axes.values()):
+            params = {**base, **dict(zip(axes, values))}
+            group = "_".join(str(v) for v in values) or "all"
+            seen = set()
+            for i, rung in enumerate(ladder["rungs"]):
+                rung_keys = {k: v for k, v in rung.items() if k != "name"}
+                _check_keys(f"{where}.rungs[{i}]", {"workload": params["workload"], **rung_keys})
+                if rung["name"] in seen:
+                    raise _config_error(f"{where}.rungs[{i}].name", "rung names must be unique")
+                seen.add(rung["name"])
+                params = {**params, **rung_keys}
+                name = f"{ladder['name']}_{group}_{i}_{rung['name']}"
+                out[name] = (
+                    f"{where}.rungs[{i}] (run {name})",
+                    dict(params),
+                    (ladder["name"], group, i, rung["name"]),
+                )
+    return out
+
+
+def ladder_members(cfg):
+    """run name -> {ladder, ladder_group, rung_index, rung} for every ladder run."""
+    return {
+        name: dict(zip(("ladder", "ladder_group", "rung_index", "rung"), info))
+        for name, (_, _, info) in expand_ladders(cfg).items()
+    }
+
+
+def ladder_comparisons(cfg):
+    """Each rung against the one before it: {name, a, b}."""
+    comps, previous = [], {}
+    for name, info in ladder_members(cfg).items():
+        key = (info["ladder"], info["ladder_group"])
+        if key in previous:
+            comps.append({"name": f"{name}_vs_prev", "a": previous[key], "b": name})
+        previous[key] = name
+    return comps
 
 
 def select_runs(runs, patterns):
@@ -149,21 +228,89 @@ _validate_top_level(config)
 ALL_RUNS = resolve_runs(config)
 _check_comparisons(config, ALL_RUNS)
 RUNS = select_runs(ALL_RUNS, config["select"])
-# Comparisons whose two runs are both selected.
+# Runs with an nsys capture (the others are timed only).
+PROFILED = {n: p for n, p in RUNS.items() if pipeline_settings(p)["profile"]}
+LADDERS = {n: info for n, info in ladder_members(config).items() if n in RUNS}
+# Comparisons whose two runs are both selected: the config's, then each ladder rung vs the last.
 COMPARISONS = {
-    c["name"]: c for c in config["comparisons"] if c["a"] in RUNS and c["b"] in RUNS
+    c["name"]: c
+    for c in [*config["comparisons"], *ladder_comparisons(config)]
+    if c["a"] in RUNS and c["b"] in RUNS
 }
 RESULTS = config["results"].rstrip("/")
 LOGS = f"{RESULTS}/logs"
+REPEATS = list(range(config["timing"]["repeats"]))
+TIMEOUT_S = int(config["timeout_min"] * 60)
+
+
+
+def git_state():
+    """(commit, dirty) of the checkout, decided at plan time and handed to every job.
+
+    A copy without `.git` (e.g. the tree shipped to a GPU machine) takes them from
+    PROFBENCH_GIT_COMMIT / PROFBENCH_GIT_DIRTY, or from `.profbench-git.json` that
+    scripts/stamp-git.sh writes next to the Snakefile before the copy is made.
+    """
+    def git(*args):
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit:
+        return commit, bool(git("status", "--porcelain", "--untracked-files=no"))
+    if os.environ.get("PROFBENCH_GIT_COMMIT"):
+        return os.environ["PROFBENCH_GIT_COMMIT"], os.environ.get("PROFBENCH_GIT_DIRTY") == "1"
+    stamp = REPO / ".profbench-git.json"
+    if stamp.is_file():
+        info = json.loads(stamp.read_text())
+        return info.get("commit"), bool(info.get("dirty"))
+    return None, None
+
+
+GIT_COMMIT, GIT_DIRTY = git_state()
+# Every job inherits these (workloads/provenance.py reads them): rows carry the commit even
+# where the job runs without a checkout.
+if GIT_COMMIT:
+    os.environ["PROFBENCH_GIT_COMMIT"] = GIT_COMMIT
+    os.environ["PROFBENCH_GIT_DIRTY"] = "1" if GIT_DIRTY else "0"
+
+
+def plan_record():
+    """What this invocation plans, for plan.json: runs, ladders, comparisons, settings."""
+    return {
+        "runs": {
+            name: {
+                "params": workload_params(params),
+                **pipeline_settings(params),
+                **LADDERS.get(name, {}),
+            }
+            for name, params in RUNS.items()
+        },
+        "comparisons": list(COMPARISONS.values()),
+        "timing": dict(config["timing"]),
+        "timeout_min": config["timeout_min"],
+        "git": {"commit": GIT_COMMIT, "dirty": GIT_DIRTY},
+    }
+
 
 # The 7 reports the analysis engine reproduces exactly (docs/analysis.md).
 sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 
+# run_stats' declared outputs: the 7 reports and the phase attribution (analysis/metrics/phases.py).
+STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time"]
+CALIBRATION_INPUT = f"{RESULTS}/calibration.json" if config["calibrate"] else []
+# One table per ladder and group (e.g. gpt_train_small), from rules/analyze.smk:ladders.
+LADDER_TABLES = sorted({f"{i['ladder']}_{i['ladder_group']}" for i in LADDERS.values()})
+# Comparisons of two captured runs get the kernel/NVTX comparison too; all get the speed-up.
+PROFILED_COMPARISONS = [
+    n for n, c in COMPARISONS.items() if c["a"] in PROFILED and c["b"] in PROFILED
+]
+
 
 def workload_args(run):
     """The `python -m workloads` command line of one run (its params drive reruns)."""
-    params = dict(RUNS[run])
+    params = workload_params(RUNS[run])
     args = [params.pop("workload")]
     for key, value in sorted(params.items()):
         args += [f"--{key}", str(value)]

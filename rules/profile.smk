@@ -1,4 +1,7 @@
-# Stage 1: run each workload under `nsys profile` and export the capture to SQLite.
+# Stage 1: run each workload. The untraced timing twin (rule time_run, `repeats` processes)
+# gives the published step time; the nsys capture (rule profile) explains where it goes.
+# Both run under pipeline/guard.py: a crash, an OOM or a timeout becomes the run's result
+# record (status + message) instead of stopping the workflow.
 
 
 # The workloads wrap their measured steps in the NVTX range `profiled_region` and, on CUDA, in
@@ -8,6 +11,22 @@ CAPTURE_ARGS = {
     "cudaProfilerApi": "--capture-range=cudaProfilerApi --capture-range-end=stop",
     "none": "",
 }
+GUARD = f"{PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
+
+
+localrules:
+    plan,
+
+
+rule plan:
+    """What this invocation runs (parameters, ladders, comparisons, git commit), for the
+    summary and the report; rewritten when any of it changes."""
+    output:
+        f"{RESULTS}/plan.json",
+    params:
+        plan=plan_record(),
+    run:
+        Path(output[0]).write_text(json.dumps(params.plan, indent=2, default=str) + "\n")
 
 
 rule install_nsys:
@@ -19,6 +38,47 @@ rule install_nsys:
     run:
         # Runs on the host (never in the image, which has its own nsys).
         shell(f"{REPO}/scripts/install-nsys.sh {PROFBENCH_CACHE} > {log} 2>&1")
+
+
+rule calibrate:
+    """This device's measured peaks (matmul TFLOP/s per dtype, copy GB/s), cached per GPU."""
+    input:
+        image=IMAGE_INPUT,
+    output:
+        f"{RESULTS}/calibration.json",
+    log:
+        f"{LOGS}/calibrate.log",
+    params:
+        guard=GUARD,
+        python=PYTHON,
+    resources:
+        gpu=1,
+    container:
+        RULE_CONTAINER
+    shell:
+        "{params.guard} --out {output} -- {params.python} -m workloads calibrate --out {output}"
+        " > {log} 2>&1"
+
+
+rule time_run:
+    """One untraced timing process of a run: same workload, warm-up and steps, no tracer."""
+    input:
+        image=IMAGE_INPUT,
+    output:
+        f"{RESULTS}/{{run}}/timing/r{{repeat}}.json",
+    log:
+        f"{LOGS}/time_run/{{run}}.r{{repeat}}.log",
+    params:
+        workload=lambda wc: workload_args(wc.run),
+        guard=GUARD,
+        python=PYTHON,
+    resources:
+        gpu=1,
+    container:
+        RULE_CONTAINER
+    shell:
+        "{params.guard} --run {wildcards.run} --out {output} --"
+        " {params.python} -m workloads {params.workload} --out {output} > {log} 2>&1"
 
 
 rule profile:
@@ -34,21 +94,29 @@ rule profile:
         f"{LOGS}/profile/{{run}}.log",
     params:
         workload=lambda wc: workload_args(wc.run),
+        guard=GUARD,
         nsys=NSYS,
         python=PYTHON,
         trace=config["nsys"]["trace"],
         capture=CAPTURE_ARGS[config["nsys"]["capture"]],
         extra=config["nsys"]["extra_args"],
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
+    resources:
+        gpu=1,
     container:
         RULE_CONTAINER
     shell:
         # The capture covers the measured steps only (see CAPTURE_ARGS). Non-registered NVTX
         # strings must count for the NVTX match. --stats=true prints nsys' own summary into
-        # the log, kept next to our CSVs.
-        "NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
+        # the log, kept next to our CSVs. A failed run leaves empty capture files: its
+        # times.json status says why, and run_stats never reads them.
+        "{params.guard} --run {wildcards.run} --out {output.times}"
+        " --expect {output.sqlite} --expect {output.rep} --"
+        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none {params.capture}"
         " --stats=true --export=sqlite --force-overwrite=true {params.extra}"
         " -o {params.prefix}"
         " {params.python} -m workloads {params.workload} --out {output.times}"
-        " > {log} 2>&1"
+        " > {log} 2>&1;"
+        " {params.python} -m pipeline.outcome placeholders {output.times}"
+        " {output.sqlite} {output.rep} >> {log} 2>&1"

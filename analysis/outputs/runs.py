@@ -1,0 +1,74 @@
+"""Reading a results folder: the plan, and each run's timing, capture and statistics records.
+
+Layout (written by the pipeline, docs/timing.md):
+
+    plan.json                      what was run: params, ladder membership, comparisons, git
+    calibration.json               measured peaks of the GPU (optional)
+    <run>/timing/r<i>.json         untraced timing process i (status, step_ms, gpu_state, ...)
+    <run>/times.json               the traced run (inside nsys)
+    <run>/stats/metrics.json       GPU metrics of the capture
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OK = "ok"
+# Worst first: the status a run gets when its processes disagree.
+STATUS_ORDER = ["error", "timeout", "oom", "unsupported", OK]
+
+
+@dataclass
+class Timing:
+    """The untraced timing processes of one run."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("status", OK) == OK and step_times(r)]
+
+    @property
+    def per_process_ms(self) -> list[list[float]]:
+        return [step_times(r) for r in self.ok_records]
+
+    @property
+    def status(self) -> str:
+        """ok when at least one process measured; else the worst failure."""
+        if self.ok_records:
+            return OK
+        statuses = [r.get("status", "error") for r in self.records] or ["error"]
+        return min(statuses, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 0)
+
+    @property
+    def message(self) -> str | None:
+        failed = [r for r in self.records if r.get("status", OK) != OK]
+        return str(failed[0].get("message") or "") if failed else None
+
+
+def step_times(record: dict[str, Any]) -> list[float]:
+    """A record's per-step times: the workload's primary timer (CUDA events on a GPU)."""
+    return list(record.get("step_ms") or record.get("step_times_ms") or [])
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_plan(results: Path) -> dict[str, Any]:
+    plan = read_json(results / "plan.json")
+    if plan is None:
+        raise FileNotFoundError(f"{results / 'plan.json'}: no plan (run the pipeline first)")
+    return plan
+
+
+def read_timing(run_dir: Path) -> Timing:
+    """Every timing record of a run folder, in repeat order."""
+    paths = sorted((run_dir / "timing").glob("r*.json"), key=lambda p: int(p.stem[1:] or 0))
+    return Timing([r for r in (read_json(p) for p in paths) if r is not None])
