@@ -1,26 +1,47 @@
-"""Command line: ``python -m workloads {attention,gpt} ...`` -> timings JSON + one summary line.
+"""Command line: ``python -m workloads {attention,attention_core,gpt,calibrate} ...``.
+
+Each workload run writes a timings JSON (``--out``, also on failure, with a ``status``) and
+prints one summary line. Exit codes: 0 ok, 1 error, 2 usage, 3 oom, 4 unsupported.
 
 Examples::
 
     python -m workloads attention --impl sdpa --batch 32 --seq 100 --embed 256 --out a.json
-    python -m workloads gpt --size small --mode train --dtype bf16 --out g.json
+    python -m workloads gpt --size small --mode train --dtype bf16 --compile reduce-overhead
+    python -m workloads attention_core --seq 4096 --head-dim 128 --dtype bf16 --sdpa-backend cudnn
+    python -m workloads calibrate --out peaks.json --dtypes bf16,fp32
 """
 
 import argparse
 import json
+import resource
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workloads import flops
-from workloads.attention import IMPLS
-from workloads.device import DTYPES, device_name, resolve_device
+from workloads import calibrate, flops
+from workloads.attention import IMPLS, SDPA_BACKENDS
+from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
+from workloads.gpustate import GpuStateRecorder
+from workloads.optim import OPTIMIZERS
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
-from workloads.steps import ATTENTION_MODES, GPT_MODES, Workload, build_attention, build_gpt
+from workloads.status import EXIT_CODES, classify
+from workloads.steps import (
+    ATTENTION_MODES,
+    COMPILE_MODES,
+    GPT_MODES,
+    Speed,
+    Workload,
+    build_attention,
+    build_attention_core,
+    build_gpt,
+)
+
+WORKLOADS = ("attention", "attention_core", "gpt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,117 +49,262 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="workload", required=True)
 
     attention = sub.add_parser("attention", help="naive vs SDPA attention module (notebook)")
-    attention.add_argument("--impl", choices=IMPLS, default="naive")
-    attention.add_argument("--batch", type=_positive, default=32)
-    attention.add_argument("--seq", type=_positive, default=100)
-    attention.add_argument("--embed", type=_positive, default=256)
-    attention.add_argument("--heads", type=_positive, default=1)
-    attention.add_argument("--mode", choices=ATTENTION_MODES, default="forward")
+    _flag(attention, "impl", choices=IMPLS, default="naive")
+    _flag(attention, "batch", type=_positive, default=32)
+    _flag(attention, "seq", type=_positive, default=100)
+    _flag(attention, "embed", type=_positive, default=256)
+    _flag(attention, "heads", type=_positive, default=1)
+    _flag(attention, "mode", choices=ATTENTION_MODES, default="forward")
+
+    core = sub.add_parser("attention_core", help="softmax(q k^T) v on (batch, heads, seq, d)")
+    _flag(core, "impl", choices=IMPLS, default="sdpa")
+    _flag(core, "batch", type=_positive, default=8)
+    _flag(core, "heads", type=_positive, default=16)
+    _flag(core, "seq", type=_positive, default=4096)
+    _flag(core, "head_dim", type=_positive, default=128)
+    _flag(core, "causal", type=_boolean, default=False, help="true/false")
+    _flag(core, "mode", choices=ATTENTION_MODES, default="forward")
 
     gpt = sub.add_parser("gpt", help="CS336 GPT language model")
-    gpt.add_argument("--size", choices=list(SIZES), default="small")
-    gpt.add_argument("--context", type=_positive, default=512)
-    gpt.add_argument("--batch", type=_positive, default=4)
-    gpt.add_argument("--vocab", type=_positive, default=10_000)
-    gpt.add_argument("--mode", choices=GPT_MODES, default="forward")
-    gpt.add_argument("--attention", choices=IMPLS, default="sdpa")
+    _flag(gpt, "size", choices=list(SIZES), default="small")
+    _flag(gpt, "context", type=_positive, default=512)
+    _flag(gpt, "batch", type=_positive, default=4)
+    _flag(gpt, "vocab", type=_positive, default=10_000)
+    _flag(gpt, "mode", choices=GPT_MODES, default="forward")
+    _flag(gpt, "attention", choices=IMPLS, default="sdpa")
+    _flag(gpt, "optimizer", choices=OPTIMIZERS, default="adamw_foreach",
+          help="train mode only (ignored otherwise)")
 
-    for p in (attention, gpt):
-        p.add_argument("--dtype", choices=DTYPES, default="fp32")
-        p.add_argument("--warmup", type=_non_negative, default=3, help="unmeasured steps")
-        p.add_argument("--steps", type=_positive, default=5, help="measured steps")
-        p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument(
-            "--peak-tflops",
-            type=float,
-            default=None,
-            help="peak TFLOP/s for MFU (default: datasheet value for known GPUs, else no MFU)",
-        )
-        p.add_argument("--out", type=Path, default=None, help="write the result JSON here")
+    for p in (attention, core, gpt):
+        _flag(p, "dtype", choices=DTYPES, default="fp32")
+        _flag(p, "compile", choices=COMPILE_MODES, default="off")
+        _flag(p, "sdpa_backend", choices=SDPA_BACKENDS, default="auto",
+              help="kernel family of F.scaled_dot_product_attention (impl/attention sdpa)")
+        _flag(p, "warmup", type=_non_negative, default=3, help="unmeasured steps")
+        _flag(p, "steps", type=_positive, default=5, help="measured steps")
+        _flag(p, "device", choices=("auto", "cpu", "cuda"), default="auto")
+        _flag(p, "seed", type=int, default=0)
+        _flag(p, "memory_limit_mb", type=_positive, default=None,
+              help="CPU only: RLIMIT_AS of this process (ignored on CUDA)")
+        _flag(p, "peak_tflops", type=float, default=None,
+              help="peak TFLOP/s for MFU (default: datasheet value for known GPUs, else no MFU)")
+        _flag(p, "out", type=Path, default=None, help="write the result JSON here")
+
+    cal = sub.add_parser("calibrate", help="measured matmul TFLOP/s and copy GB/s of the device")
+    _flag(cal, "out", type=Path, required=True)
+    _flag(cal, "dtypes", type=_dtype_list, default=["bf16", "fp16", "tf32", "fp32"],
+          help="comma-separated")
+    _flag(cal, "device", choices=("auto", "cpu", "cuda"), default="auto")
+    cal.add_argument("--refresh", action="store_true", help="ignore the cached calibration")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.workload == "calibrate":
+        return run_calibrate(args)
+    if args.compile == "reduce-overhead" and args.warmup < 3:
+        parser.error("--compile reduce-overhead needs --warmup >= 3 (CUDA-graph recording)")
     try:
         device = resolve_device(args.device)
-        workload = build_workload(args, device)
-    except ValueError as err:  # invalid combination of options
+    except ValueError as err:
         parser.error(str(err))
-    measurement = run_steps(workload.step, warmup=args.warmup, steps=args.steps, device=device)
-    result = make_result(args, device, workload, measurement)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(summary_line(result))
+    memory_limited = apply_memory_limit(args.memory_limit_mb, device)
+    record = Record(args, device, memory_limited)
+    try:
+        configure_precision(args.dtype)
+        workload = build_workload(args, device)
+    except ValueError as err:  # invalid combination of options: a usage error
+        record.fail("error", str(err))
+        record.write()
+        parser.error(str(err))
+    except BaseException as err:  # noqa: BLE001 - every failure becomes a status
+        return record.finish_failed(err)
+    try:
+        gpu = GpuStateRecorder(device)
+        measurement = run_steps(
+            workload.step, warmup=args.warmup, steps=args.steps, device=device,
+            before_measure=lambda: gpu.snapshot("before"),
+            after_measure=lambda: gpu.snapshot("after"),
+        )
+    except BaseException as err:  # noqa: BLE001
+        return record.finish_failed(err)
+    record.succeed(workload, measurement, gpu.result())
+    record.write()
+    print(summary_line(record.result))
     return 0
 
 
+class Record:
+    """The result JSON of one run, written whatever the outcome."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, memory_limited: bool):
+        self.args, self.device = args, device
+        params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        params.pop("workload")
+        params["device"] = device.type
+        hashed = {k: v for k, v in params.items() if k != "out"}  # where it lands is no config
+        self.result: dict[str, Any] = {
+            "workload": args.workload,
+            "status": "error",
+            "message": "",
+            "params": params,
+            "device_name": _safe_device_name(device),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "memory_limit_applied": memory_limited,
+            **dict.fromkeys(RESULT_TIMING_KEYS),
+            "step_times_ms": [],
+            "step_ms": [],
+            "losses": [],
+            "gpu_state": {"available": False, "reason": "run did not reach the measured steps"},
+            "provenance": provenance(params=hashed),
+        }
+
+    def fail(self, status: str, message: str) -> None:
+        self.result.update(status=status, message=message)
+
+    def finish_failed(self, err: BaseException) -> int:
+        if isinstance(err, KeyboardInterrupt | SystemExit):
+            raise err
+        status, message = classify(err)
+        if status == "error":
+            traceback.print_exc()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.fail(status, message)
+        self.write()
+        print(f"{self.args.workload}: {status}: {message.splitlines()[0] if message else ''}")
+        return EXIT_CODES[status]
+
+    def succeed(self, workload: Workload, m: Measurement, gpu_state: dict[str, Any]) -> None:
+        stats = m.summary()
+        mean_s, median_s = stats["mean_ms"] / 1e3, stats["median_ms"] / 1e3
+        name = self.result["device_name"]
+        peak = self.args.peak_tflops
+        if peak is None and self.device.type == "cuda":
+            peak = flops.peak_tflops(name, self.args.dtype)
+        self.result.update(
+            status="ok",
+            timer=m.timer,
+            step_ms=m.step_ms,
+            step_times_ms=m.step_times_ms,
+            cuda_event_times_ms=m.cuda_event_times_ms or None,
+            warmup_times_ms=m.warmup_times_ms,
+            compile_s=None if self.args.compile == "off" else m.compile_seconds(),
+            **stats,
+            tokens_per_s=workload.tokens_per_step / mean_s,
+            params_count=workload.params_count,
+            peak_memory_bytes=m.peak_memory_bytes,
+            losses=m.losses,
+            model_flops_per_step=workload.flops_per_step,
+            flops_per_step=workload.flops_per_step,
+            tflops=workload.flops_per_step / median_s / 1e12,
+            peak_tflops=peak,
+            mfu=flops.mfu(workload.flops_per_step, mean_s, peak),
+            gpu_state=gpu_state,
+        )
+
+    def write(self) -> None:
+        if self.args.out is not None:
+            self.args.out.parent.mkdir(parents=True, exist_ok=True)
+            self.args.out.write_text(json.dumps(self.result, indent=2) + "\n")
+
+
+# Scalars of a successful run; null in a failed run's JSON.
+RESULT_TIMING_KEYS = (
+    "timer", "cuda_event_times_ms", "warmup_times_ms", "compile_s", "mean_ms", "median_ms",
+    "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
+    "model_flops_per_step", "flops_per_step", "tflops", "peak_tflops", "mfu",
+)
+
+
 def build_workload(args: argparse.Namespace, device: torch.device) -> Workload:
-    common = dict(batch=args.batch, dtype=args.dtype, mode=args.mode, device=device, seed=args.seed)
+    speed = Speed(
+        compile=args.compile,
+        sdpa_backend=args.sdpa_backend,
+        optimizer=getattr(args, "optimizer", "adamw_foreach"),
+    )
+    common = dict(
+        batch=args.batch, dtype=args.dtype, mode=args.mode, device=device, seed=args.seed,
+        speed=speed,
+    )
     if args.workload == "attention":
         return build_attention(
             impl=args.impl, seq=args.seq, embed=args.embed, heads=args.heads, **common
+        )
+    if args.workload == "attention_core":
+        return build_attention_core(
+            impl=args.impl, heads=args.heads, seq=args.seq, head_dim=args.head_dim,
+            causal=args.causal, **common,
         )
     return build_gpt(
         size=args.size, context=args.context, vocab=args.vocab, attention=args.attention, **common
     )
 
 
-def make_result(
-    args: argparse.Namespace, device: torch.device, workload: Workload, measurement: Measurement
-) -> dict[str, Any]:
-    """The JSON record of one run (keys documented in docs/workloads.md)."""
-    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    params.pop("workload")
-    params["device"] = device.type
-    stats = measurement.summary()
-    mean_s = stats["mean_ms"] / 1e3
-    name = device_name(device)
-    flops_per_step = flops.step_flops(workload.forward_flops, args.mode)
-    peak = args.peak_tflops
-    if peak is None and device.type == "cuda":
-        peak = flops.peak_tflops(name, args.dtype)
-    return {
-        "workload": args.workload,
-        "params": params,
-        "device_name": name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "step_times_ms": measurement.step_times_ms,
-        "cuda_event_times_ms": measurement.cuda_event_times_ms or None,
-        **stats,
-        "tokens_per_s": workload.tokens_per_step / mean_s,
-        "params_count": workload.params_count,
-        "peak_memory_bytes": measurement.peak_memory_bytes,
-        "losses": measurement.losses,
-        "model_flops_per_step": flops_per_step,
-        "peak_tflops": peak,
-        "mfu": flops.mfu(flops_per_step, mean_s, peak),
-        "provenance": provenance(),
-    }
+def apply_memory_limit(limit_mb: int | None, device: torch.device) -> bool:
+    """Cap this process's address space (CPU runs only: the CUDA driver maps far more virtual
+    memory than it uses and breaks under RLIMIT_AS). True when the limit was set."""
+    if limit_mb is None or device.type != "cpu":
+        return False
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = limit_mb << 20
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    return True
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    result = calibrate.calibrate(device, args.dtypes, refresh=args.refresh)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    peaks = ", ".join(f"{d} {t:.1f}" for d, t in result["matmul_tflops"].items())
+    cached = " (cached)" if result["cached"] else ""
+    print(f"{result['device_name']}: matmul TFLOP/s {peaks}; "
+          f"copy {result['copy_gbps']:.0f} GB/s{cached}")
+    return 0
 
 
 def summary_line(result: dict[str, Any]) -> str:
     p = result["params"]
-    variant = (
-        f"gpt {p['size']} {p['attention']}"
-        if result["workload"] == "gpt"
-        else f"attention {p['impl']} h={p['heads']}"
-    )
+    if result["workload"] == "gpt":
+        variant = f"gpt {p['size']} {p['attention']}"
+    elif result["workload"] == "attention":
+        variant = f"attention {p['impl']} h={p['heads']}"
+    else:
+        variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
+    if p["compile"] != "off":
+        variant += f" compile={p['compile']}"
     line = (
         f"{variant} {p['mode']} {p['dtype']} on {result['device_name']}: "
         f"{result['mean_ms']:.2f} ms/step (median {result['median_ms']:.2f}, "
-        f"std {result['std_ms']:.2f}, n={len(result['step_times_ms'])}), "
-        f"{result['tokens_per_s']:,.0f} tok/s"
+        f"std {result['std_ms']:.2f}, n={len(result['step_ms'])}, {result['timer']}), "
+        f"{result['tokens_per_s']:,.0f} tok/s, {result['tflops']:.1f} TFLOP/s"
     )
     if result["mfu"] is not None:
         line += f", MFU {result['mfu']:.1%}"
     if result["losses"]:
         line += f", loss {result['losses'][0]:.4f} -> {result['losses'][-1]:.4f}"
     return line
+
+
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """``--multi-word`` and the pipeline's ``--multi_word`` spelling of one option."""
+    spellings = [f"--{name.replace('_', '-')}"]
+    if "_" in name:
+        spellings.append(f"--{name}")
+    parser.add_argument(*spellings, dest=name, **kwargs)
+
+
+def _safe_device_name(device: torch.device) -> str | None:
+    try:
+        return device_name(device)
+    except Exception:  # noqa: BLE001 - a broken driver must not stop the JSON from being written
+        return None
 
 
 def _positive(text: str) -> int:
@@ -153,6 +319,23 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _dtype_list(text: str) -> list[str]:
+    dtypes = [d.strip() for d in text.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad}; expected from {DTYPES}")
+    return dtypes
 
 
 if __name__ == "__main__":

@@ -7,15 +7,70 @@ LayerNorm); only the attention core differs, chosen by ``impl``:
 * ``sdpa``: ``F.scaled_dot_product_attention``, PyTorch's fused kernels.
 """
 
+import contextlib
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workloads.nvtx_ranges import rng
 
 IMPLS = ("naive", "sdpa")
+# `auto` lets PyTorch pick; the others pin one kernel family (torch.nn.attention.sdpa_kernel).
+SDPA_BACKENDS = ("auto", "math", "efficient", "flash", "cudnn")
+_BACKEND_ENUM = {
+    "math": SDPBackend.MATH,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+def sdpa_backend_context(backend: str) -> contextlib.AbstractContextManager:
+    """Restrict ``F.scaled_dot_product_attention`` to ``backend`` (nothing for ``auto``)."""
+    if backend == "auto":
+        return contextlib.nullcontext()
+    if backend not in _BACKEND_ENUM:
+        raise ValueError(f"unknown sdpa backend {backend!r}; expected one of {SDPA_BACKENDS}")
+    return sdpa_kernel(_BACKEND_ENUM[backend])
+
+
+def sdpa_unsupported_reason(
+    backend: str,
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    causal: bool,
+    backward: bool,
+) -> str | None:
+    """Why ``backend`` cannot run this attention case, or None when it can.
+
+    Runs the case once, eagerly, on a one-sequence slice of the real shape: PyTorch's own
+    checks decide, and their warnings (the reasons) become the message.
+    """
+    if backend == "auto":
+        return None
+    _, heads, seq, head_dim = shape
+    q, k, v = (
+        torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=backward)
+        for _ in range(3)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_backend_context(backend):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                if backward:
+                    out.sum().backward()
+        except RuntimeError as err:
+            reasons = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught))
+            detail = f" ({reasons})" if reasons else ""
+            return f"sdpa backend {backend!r} cannot run this case: {err}{detail}".strip()
+    return None
 
 
 def naive_attention(

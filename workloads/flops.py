@@ -9,12 +9,19 @@ element-wise ops, norms, softmax and the optimizer are not counted.
 from workloads.gpt import GPTConfig
 
 # Dense peak TFLOP/s by device-name substring and dtype (fp32 = no TF32, torch's default).
-# NVIDIA datasheets: H100/H200 SXM 989.4 bf16 / 66.9 fp32; H100 PCIe 756 / 51.
+# NVIDIA datasheets (dense, no sparsity): H100/H200 SXM 989.4 bf16/fp16, 494.7 tf32,
+# 66.9 fp32; H100 PCIe 756 / 378 / 51.2.
+_SXM = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),
-    ("H100", {"bf16": 989.4, "fp32": 66.9}),
-    ("H200", {"bf16": 989.4, "fp32": 66.9}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100", _SXM),
+    ("H200", _SXM),
 ]
+
+# Backward of attention_core relative to its forward: dS = dO V^T and dV = P^T dO (2 matmuls),
+# dQ = dS K and dK = dS^T Q (2 more), plus the recomputation of S = Q K^T that fused kernels
+# (flash, cuDNN) do: 5 matmuls of the forward's 2, i.e. 2.5x (FlashAttention-2's convention).
+ATTENTION_BACKWARD_FACTOR = 2.5
 
 # Forward FLOPs times this gives the step's FLOPs.
 MODE_MULTIPLIER = {"forward": 1, "forward_backward": 3, "train": 3}
@@ -34,6 +41,27 @@ def attention_forward_flops(batch: int, seq: int, embed: int) -> int:
     projections = 3 * 2 * batch * seq * embed * embed
     core = 2 * (2 * batch * seq * seq * embed)
     return projections + core
+
+
+def attention_core_forward_flops(
+    batch: int, heads: int, seq: int, head_dim: int, causal: bool
+) -> int:
+    """Forward FLOPs of softmax(q k^T) v on (batch, heads, seq, head_dim) tensors.
+
+    Two matmuls of 2·S·S·D each per (batch, head): 4·B·H·S²·D; halved when causal (a causal
+    kernel skips the masked half), as in FlashAttention's benchmarks.
+    """
+    full = 4 * batch * heads * seq * seq * head_dim
+    return full // 2 if causal else full
+
+
+def attention_core_step_flops(forward_flops: int, mode: str) -> int:
+    """forward: the forward; forward_backward: forward + 2.5 x forward for the backward."""
+    if mode == "forward":
+        return forward_flops
+    if mode == "forward_backward":
+        return int(forward_flops * (1 + ATTENTION_BACKWARD_FACTOR))
+    raise ValueError(f"unknown mode {mode!r} for attention_core")
 
 
 def step_flops(forward_flops: int, mode: str) -> int:

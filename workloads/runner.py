@@ -7,6 +7,9 @@ Capture contract with the pipeline (see docs/workloads.md):
   ``--capture-range=nvtx --nvtx-capture=profiled_region``), bracketed on CUDA by
   ``torch.cuda.profiler.start()/stop()`` (for ``--capture-range=cudaProfilerApi``);
 * each measured step is a ``profiled_step`` range, synchronized before its timer stops.
+
+The published timer is CUDA events on CUDA (``cuda_event``) and the host clock on CPU
+(``wall``); ``step_ms`` holds that timer's per-step times and every statistic uses it.
 """
 
 import statistics
@@ -32,10 +35,26 @@ class Measurement:
     # CUDA-event times of the same steps (GPU-side), empty on CPU.
     cuda_event_times_ms: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None
+    # Host-clock time of each warm-up step (compilation and autotuning happen there).
+    warmup_times_ms: list[float] = field(default_factory=list)
+
+    @property
+    def timer(self) -> str:
+        return "cuda_event" if self.cuda_event_times_ms else "wall"
+
+    @property
+    def step_ms(self) -> list[float]:
+        """The published per-step times: CUDA events when recorded, else the host clock."""
+        return self.cuda_event_times_ms or self.step_times_ms
+
+    def compile_seconds(self) -> float:
+        """Warm-up time beyond what the same number of steady steps takes."""
+        steady = statistics.median(self.step_times_ms) * len(self.warmup_times_ms)
+        return max(0.0, sum(self.warmup_times_ms) - steady) / 1e3
 
     def summary(self) -> dict[str, float]:
-        """Mean/median/std/min/max of the wall-clock step times, in ms."""
-        times = self.step_times_ms
+        """Mean/median/std/min/max of :attr:`step_ms`, in ms."""
+        times = self.step_ms
         return {
             "mean_ms": statistics.fmean(times),
             "median_ms": statistics.median(times),
@@ -46,16 +65,33 @@ class Measurement:
         }
 
 
-def run_steps(step: Step, *, warmup: int, steps: int, device: torch.device) -> Measurement:
-    """Run ``warmup`` unmeasured then ``steps`` measured calls of ``step`` on ``device``."""
+def run_steps(
+    step: Step,
+    *,
+    warmup: int,
+    steps: int,
+    device: torch.device,
+    before_measure: Callable[[], None] | None = None,
+    after_measure: Callable[[], None] | None = None,
+) -> Measurement:
+    """Run ``warmup`` unmeasured then ``steps`` measured calls of ``step`` on ``device``.
+
+    ``before_measure`` / ``after_measure`` run just outside the measured region (e.g. GPU
+    state snapshots), so they cost the steps nothing and stay out of the capture.
+    """
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
     on_cuda = device.type == "cuda"
 
+    warmup_ms: list[float] = []
     for _ in range(warmup):
+        start = time.perf_counter()
         with rng("warmup"):
             step()
             synchronize(device)
+        warmup_ms.append((time.perf_counter() - start) * 1e3)
+    if before_measure is not None:
+        before_measure()
 
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -81,8 +117,11 @@ def run_steps(step: Step, *, warmup: int, steps: int, device: torch.device) -> M
                 loss_tensors.append(loss.detach())
     if on_cuda:
         torch.cuda.profiler.stop()
+    if after_measure is not None:
+        after_measure()
 
     return Measurement(
+        warmup_times_ms=warmup_ms,
         step_times_ms=times_ms,
         losses=[float(loss) for loss in loss_tensors],
         cuda_event_times_ms=[start.elapsed_time(end) for start, end in event_pairs],

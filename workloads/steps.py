@@ -3,24 +3,32 @@
 A step is one forward, forward+backward or training iteration; :mod:`workloads.runner`
 times it. Inputs are generated once from a seeded CPU generator (same data on every device)
 and reused by every step, so a `train` run always fits the same batch.
+
+Compilation (``compile`` != off) wraps the model and the loss separately, so the phase ranges
+(forward_pass, loss_computation, backward_pass, optimizer_step) stay outside compiled code.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workloads import flops
-from workloads.attention import Attention
-from workloads.device import autocast
+from workloads.attention import Attention, attention_core, sdpa_backend_context
+from workloads.attention import sdpa_unsupported_reason as _sdpa_reason
+from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
 from workloads.nvtx_ranges import rng
+from workloads.optim import MasterAdamW, build_optimizer
 from workloads.runner import Step
+from workloads.status import Unsupported
 
 ATTENTION_MODES = ("forward", "forward_backward")
 GPT_MODES = ("forward", "forward_backward", "train")
+COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
 
 
 @dataclass
@@ -29,6 +37,20 @@ class Workload:
     tokens_per_step: int
     params_count: int
     forward_flops: int
+    flops_per_step: int
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The settings that change how fast, not what, a workload computes."""
+
+    compile: str = "off"
+    sdpa_backend: str = "auto"
+    optimizer: str = "adamw_foreach"
+
+    def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"unknown compile mode {self.compile!r}; expected {COMPILE_MODES}")
 
 
 def build_attention(
@@ -42,26 +64,95 @@ def build_attention(
     mode: str,
     device: torch.device,
     seed: int,
+    speed: Speed = Speed(),
 ) -> Workload:
     """The notebook attention module on a fixed random (batch, seq, embed) input."""
     _check_mode(mode, ATTENTION_MODES, "attention")
     torch.manual_seed(seed)
     with torch.device(device):
         model = Attention(embed, heads, impl)
+    if impl == "sdpa":
+        shape = (batch, heads, seq, embed // heads)
+        _require_sdpa(speed.sdpa_backend, shape, dtype, device, causal=False, mode=mode)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, seq, embed, generator=generator).to(device)
     # No loss in this workload: backward starts from a fixed random output gradient.
     grad_output = torch.randn(batch, seq, embed, generator=generator).to(device)
+    compiled = compile_callable(model, speed.compile)
 
     def forward() -> torch.Tensor:
         with autocast(device, dtype):
-            return model(x)
+            return compiled(x)
 
+    step = _make_step(model, forward, mode, grad_output=grad_output, speed=speed)
+    forward_flops = flops.attention_forward_flops(batch, seq, embed)
     return Workload(
-        step=_make_step(model, forward, mode, grad_output=grad_output),
+        step=step,
         tokens_per_step=batch * seq,
         params_count=_count(model),
-        forward_flops=flops.attention_forward_flops(batch, seq, embed),
+        forward_flops=forward_flops,
+        flops_per_step=flops.step_flops(forward_flops, mode),
+    )
+
+
+def build_attention_core(
+    *,
+    impl: str,
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    causal: bool,
+    dtype: str,
+    mode: str,
+    device: torch.device,
+    seed: int,
+    speed: Speed = Speed(),
+) -> Workload:
+    """softmax(q k^T / sqrt(d)) v on fixed random q, k, v of shape (batch, heads, seq, head_dim).
+
+    q, k, v are created in the compute dtype (bf16/fp16 tensors, no autocast); backward
+    returns dq, dk, dv for a fixed random output gradient (no accumulation into .grad).
+    """
+    _check_mode(mode, ATTENTION_MODES, "attention_core")
+    shape = (batch, heads, seq, head_dim)
+    if impl == "sdpa":
+        _require_sdpa(speed.sdpa_backend, shape, dtype, device, causal=causal, mode=mode)
+    generator = torch.Generator().manual_seed(seed)
+    cdtype = compute_dtype(dtype)
+    q, k, v, grad_out = (
+        torch.randn(shape, generator=generator).to(device=device, dtype=cdtype) for _ in range(4)
+    )
+    backward = mode == "forward_backward"
+    for t in (q, k, v):
+        t.requires_grad_(backward)
+
+    def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention_core(q, k, v, impl, causal=causal)
+
+    compiled = compile_callable(core, speed.compile)
+    graphs = speed.compile == "reduce-overhead"
+
+    def step() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with sdpa_backend_context(speed.sdpa_backend):
+            if not backward:
+                with torch.no_grad(), rng("forward_pass"):
+                    compiled(q, k, v)
+                return
+            with rng("forward_pass"):
+                out = compiled(q, k, v)
+            with rng("backward_pass"):
+                torch.autograd.grad(out, (q, k, v), grad_out)
+
+    forward_flops = flops.attention_core_forward_flops(batch, heads, seq, head_dim, causal)
+    return Workload(
+        step=step,
+        tokens_per_step=batch * seq,
+        params_count=0,
+        forward_flops=forward_flops,
+        flops_per_step=flops.attention_core_step_flops(forward_flops, mode),
     )
 
 
@@ -77,33 +168,64 @@ def build_gpt(
     device: torch.device,
     seed: int,
     lr: float = 1e-3,
+    speed: Speed = Speed(),
 ) -> Workload:
     """The CS336 GPT on a fixed random token batch, with random targets."""
     _check_mode(mode, GPT_MODES, "gpt")
     cfg = config_for(size, context_length=context, vocab_size=vocab, attention=attention)
+    if attention == "sdpa":
+        shape = (batch, cfg.n_heads, context, cfg.d_model // cfg.n_heads)
+        _require_sdpa(speed.sdpa_backend, shape, dtype, device, causal=True, mode=mode)
+    if mode == "train" and speed.optimizer == "adamw_master" and dtype == "fp16":
+        raise Unsupported("optimizer adamw_master has no fp16 GradScaler support; use bf16")
     torch.manual_seed(seed)
     # Built directly on the device: initializing a multi-GB model on the CPU is slow.
     with torch.device(device):
         model = GPT(cfg)
+    params_count = _count(model)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
     targets = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr) if mode == "train" else None
+    optimizer = None
+    if mode == "train":
+        low = compute_dtype(dtype) if dtype in ("bf16", "fp16") else None
+        optimizer = build_optimizer(
+            speed.optimizer, model, lr=lr, low_precision=low, compiled=speed.compile != "off"
+        )
+    compiled_model = compile_callable(model, speed.compile)
 
-    def forward() -> torch.Tensor:
-        with autocast(device, dtype):
-            return model(tokens)
-
-    def loss_fn(logits: torch.Tensor) -> torch.Tensor:
+    def loss(logits: torch.Tensor) -> torch.Tensor:
         # fp32 loss whatever the activation dtype (what autocast does on CUDA anyway).
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
-    return Workload(
-        step=_make_step(model, forward, mode, loss_fn=loss_fn, optimizer=optimizer),
-        tokens_per_step=batch * context,
-        params_count=_count(model),
-        forward_flops=flops.gpt_forward_flops(cfg, batch, context),
+    compiled_loss = compile_callable(loss, speed.compile)
+
+    def forward() -> torch.Tensor:
+        with autocast(device, dtype):
+            return compiled_model(tokens)
+
+    scaler = None
+    if dtype == "fp16" and mode != "forward":
+        scaler = torch.amp.GradScaler(device.type)
+    step = _make_step(
+        model, forward, mode, loss_fn=compiled_loss, optimizer=optimizer, speed=speed,
+        scaler=scaler,
     )
+    forward_flops = flops.gpt_forward_flops(cfg, batch, context)
+    return Workload(
+        step=step,
+        tokens_per_step=batch * context,
+        params_count=params_count,
+        forward_flops=forward_flops,
+        flops_per_step=flops.step_flops(forward_flops, mode),
+    )
+
+
+def compile_callable(fn: Any, mode: str) -> Any:
+    """``fn`` compiled with torch.compile in ``mode`` (``off``: unchanged)."""
+    if mode == "off":
+        return fn
+    return torch.compile(fn, mode=None if mode == "default" else mode)
 
 
 def _make_step(
@@ -111,15 +233,18 @@ def _make_step(
     forward: Callable[[], torch.Tensor],
     mode: str,
     *,
+    speed: Speed,
     loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     grad_output: torch.Tensor | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | MasterAdamW | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> Step:
     """Wrap forward / loss / backward / optimizer in their NVTX ranges.
 
     Backward starts from the scalar loss when there is a ``loss_fn``, else from the model
     output with ``grad_output``. The step returns the loss (or None) without syncing.
     """
+    graphs = speed.compile == "reduce-overhead"
 
     def forward_step() -> None:
         # Inference-style: no autograd graph is recorded, as when serving the model.
@@ -127,7 +252,10 @@ def _make_step(
             forward()
 
     def training_step() -> torch.Tensor | None:
-        model.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
         with rng("forward_pass"):
             out = forward()
         loss = None
@@ -136,15 +264,45 @@ def _make_step(
                 loss = loss_fn(out)
         with rng("backward_pass"):
             if loss is not None:
-                loss.backward()
+                (scaler.scale(loss) if scaler is not None else loss).backward()
             else:
                 out.backward(grad_output.to(out.dtype))
         if optimizer is not None:
             with rng("optimizer_step"):
-                optimizer.step()
-        return loss
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+        # A CUDA-graph output is overwritten by the next replay: keep a copy of the loss.
+        return loss.detach().clone() if graphs and loss is not None else loss
 
-    return forward_step if mode == "forward" else training_step
+    inner = forward_step if mode == "forward" else training_step
+
+    def step() -> torch.Tensor | None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with sdpa_backend_context(speed.sdpa_backend):
+            return inner()
+
+    return step
+
+
+def _require_sdpa(
+    backend: str,
+    shape: tuple[int, int, int, int],
+    dtype: str,
+    device: torch.device,
+    *,
+    causal: bool,
+    mode: str,
+) -> None:
+    reason = _sdpa_reason(
+        backend, shape, compute_dtype(dtype), device, causal=causal,
+        backward=mode != "forward",
+    )
+    if reason is not None:
+        raise Unsupported(reason)
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...], workload: str) -> None:
@@ -154,3 +312,5 @@ def _check_mode(mode: str, allowed: tuple[str, ...], workload: str) -> None:
 
 def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+

@@ -1,0 +1,155 @@
+"""Optimizers of the ``train`` mode.
+
+* ``adamw_foreach``: ``torch.optim.AdamW`` with its default multi-tensor (foreach) kernels;
+* ``adamw_fused``: ``torch.optim.AdamW(fused=True)``, one fused CUDA kernel per chunk;
+* ``adamw_master``: the same AdamW math on ONE flat fp32 master buffer. Under bf16/fp16
+  autocast the model's ``nn.Linear`` weights become low-precision views into one flat buffer
+  that the optimizer refreshes from the masters after each update. Autocast would cast these
+  weights to the same values on every forward anyway, so the math is unchanged; what goes is
+  the per-step cast (read fp32, write bf16), the bf16->fp32 cast of every weight gradient,
+  and half the gradient bytes the optimizer reads. With ``compile`` on, the update is one
+  compiled elementwise kernel over the flat buffers.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+OPTIMIZERS = ("adamw_foreach", "adamw_fused", "adamw_master")
+
+
+class MasterAdamW:
+    """AdamW (torch defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01) on flat buffers."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        lr: float,
+        low_precision: torch.dtype | None,
+        compile_update: bool,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
+        self.hyper = (lr, betas[0], betas[1], eps, weight_decay)
+        slots = _parameter_slots(model)
+        unique = list({id(s[2]): s for s in slots}.values())
+        low = [s for s in unique if low_precision is not None and _is_linear_weight(s)]
+        full = [s for s in unique if s not in low]
+        ordered = [s[2] for s in low + full]  # flat order: low-precision group first
+        device = ordered[0].device
+        self.n_low = sum(p.numel() for p in ordered[: len(low)])
+        self.n_low_params = len(low)
+        self.master = torch.cat([p.detach().reshape(-1).float() for p in ordered])
+        self.exp_avg = torch.zeros_like(self.master)
+        self.exp_avg_sq = torch.zeros_like(self.master)
+        self.step_count = torch.zeros(1, device=device)  # fp32: exact to 2**24 steps
+        self.shadow = self.master[: self.n_low].to(low_precision) if low else None
+        self.grad_low = torch.empty_like(self.shadow) if low else None
+        self.grad_full = torch.empty(self.master.numel() - self.n_low, device=device)
+        self.params = self._rebind(slots, ordered, len(low))
+        self._update: Callable[..., None] = (
+            torch.compile(_adamw_update, fullgraph=True, dynamic=False)
+            if compile_update
+            else _adamw_update
+        )
+
+    def _rebind(
+        self, slots: list, ordered: list[nn.Parameter], n_low_params: int
+    ) -> list[nn.Parameter]:
+        """Make the model's parameters views of the flat buffers (shared ones stay shared)."""
+        new: dict[int, nn.Parameter] = {}
+        offset = 0  # shadow covers [0, n_low) of the master; the rest lives in the master
+        for index, param in enumerate(ordered):
+            flat = self.shadow if index < n_low_params else self.master
+            view = flat[offset : offset + param.numel()].view(param.shape)
+            new[id(param)] = nn.Parameter(view, requires_grad=param.requires_grad)
+            offset += param.numel()
+        for module, name, param in slots:
+            module._parameters[name] = new[id(param)]
+        return [new[id(p)] for p in ordered]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            raise RuntimeError("adamw_master: a parameter got no gradient this step")
+        low, full = grads[: self.n_low_params], grads[self.n_low_params :]
+        # One eager cat per group (one kernel each) gives the update flat gradients.
+        if low:
+            torch.cat([g.reshape(-1) for g in low], out=self.grad_low)
+        torch.cat([g.reshape(-1) for g in full], out=self.grad_full)
+        self._update(
+            self.master, self.exp_avg, self.exp_avg_sq, self.shadow, self.grad_low,
+            self.grad_full, self.step_count, *self.hyper,
+        )
+
+
+def _adamw_update(
+    master: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    shadow: torch.Tensor | None,
+    grad_low: torch.Tensor | None,
+    grad_full: torch.Tensor,
+    step: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """torch.optim.AdamW's update (decoupled decay, bias correction) on flat tensors."""
+    grad = grad_full if grad_low is None else torch.cat([grad_low.float(), grad_full])
+    step.add_(1)
+    # Bias corrections on the device (as AdamW(capturable=True) does): no host sync, no
+    # recompilation as the step count changes.
+    step_size = lr / (1 - torch.pow(beta1, step))
+    bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+    master.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    master.sub_(exp_avg / denom * step_size)
+    if shadow is not None:
+        shadow.copy_(master[: shadow.numel()])
+
+
+def build_optimizer(
+    name: str,
+    model: nn.Module,
+    *,
+    lr: float,
+    low_precision: torch.dtype | None,
+    compiled: bool,
+) -> torch.optim.Optimizer | MasterAdamW:
+    """The optimizer ``name`` over ``model``'s parameters (see the module docstring)."""
+    if name == "adamw_foreach":
+        return torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+    if name == "adamw_fused":
+        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+    if name == "adamw_master":
+        return MasterAdamW(model, lr=lr, low_precision=low_precision, compile_update=compiled)
+    raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def _parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:
+    """(module, attribute, parameter) for every registered parameter, in module order."""
+    return [
+        (module, name, param)
+        for module in model.modules()
+        for name, param in module._parameters.items()
+        if param is not None
+    ]
+
+
+def _is_linear_weight(slot: tuple[nn.Module, str, nn.Parameter]) -> bool:
+    # Autocast casts exactly these (matmul operands); norms and embeddings stay fp32.
+    module, name, _ = slot
+    return isinstance(module, nn.Linear) and name == "weight"
