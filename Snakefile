@@ -39,4 +39,6 @@ rule all:
         expand(f"{RESULTS}/compare/{{name}}/speedup.csv", name=COMPARISONS),
         expand(f"{RESULTS}/compare/{{name}}/compare_categories.csv", name=PROFILED_COMPARISONS),
         expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
+        f"{RESULTS}/findings.csv",
+        f"{RESULTS}/SUMMARY.md",
     default_target: True
