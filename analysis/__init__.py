@@ -17,15 +17,15 @@ Command line (``python -m analysis ...``):
   theoretical and est. achieved occupancy, limiter),
   ``gpu_utilization.csv`` (busy union, capture span, idle gaps per device),
   ``launch_overhead.csv`` (kernel start - launching API start, per API) and
-  ``metrics.json`` (see :func:`analysis.metrics.run_metrics`).
+  ``metrics.json`` (see :func:`analysis.metrics.gpu.run_metrics`).
 * ``all EXPORT.sqlite -o DIR``: ``stats`` + ``extras`` in one process (the DB is read once).
 * ``compare A B -o DIR`` (each a .sqlite or a run folder with ``profile.sqlite``):
   ``compare_categories.csv``, ``compare_nvtx.csv``, ``compare_metrics.csv`` (A, B, B/A)
   and a printed table.
 
-Library: :func:`analysis.metrics.run_metrics`, :func:`analysis.metrics.compute_extras`,
+Library: :func:`analysis.metrics.gpu.run_metrics`, :func:`analysis.metrics.gpu.compute_extras`,
 :class:`analysis.export.Export`, :func:`analysis.nsys_stats.run_reports`,
-:func:`analysis.compare.compare`.  Errors: :class:`analysis.errors.ExportError`
+:func:`analysis.outputs.compare.compare`.  Errors: :class:`analysis.errors.ExportError`
 (a ``ValueError`` naming the file; the CLI prints it and exits 2).
 
 Definitions (statistics, rounding, NVTX projection, categories, tensor-core rules,

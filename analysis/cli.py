@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     import argparse
 
 
+RESULTS_COMMANDS = ("aggregate", "speedup", "ladders", "findings", "overview", "plots")
+
+
 def _parser() -> argparse.ArgumentParser:
     import argparse
     from pathlib import Path
@@ -45,7 +48,83 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    _results_commands(sub)
     return p
+
+
+def _results_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands over a results folder (the pipeline's outputs across runs)."""
+    from pathlib import Path
+
+    from analysis.outputs import aggregate
+
+    ag = sub.add_parser("aggregate", help="summary.csv: one row per run")
+    aggregate.add_arguments(ag)
+    sp = sub.add_parser("speedup", help="untraced speed-up of run B over run A, with its CI")
+    sp.add_argument("a", type=Path, help="baseline run folder (with timing/r*.json)")
+    sp.add_argument("b", type=Path, help="candidate run folder")
+    sp.add_argument("-o", "--output", type=Path, required=True, help="CSV to write")
+    ld = sub.add_parser("ladders", help="one table per optimization ladder")
+    ld.add_argument("--results", type=Path, required=True)
+    ld.add_argument("--plan", type=Path, default=None)
+    ld.add_argument("--summary", type=Path, default=None)
+    ld.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    fd = sub.add_parser("findings", help="rules over the statistics, with measured gains")
+    fd.add_argument("--results", type=Path, required=True)
+    fd.add_argument("--summary", type=Path, default=None)
+    fd.add_argument("-o", "--output", type=Path, required=True, help="CSV to write")
+    ov = sub.add_parser("overview", help="SUMMARY.md (+ overview.html): the answer first")
+    ov.add_argument("--results", type=Path, required=True)
+    ov.add_argument("-o", "--output", type=Path, required=True, help="Markdown to write")
+    ov.add_argument("--html", type=Path, default=None, help="also a self-contained HTML page")
+    pl = sub.add_parser("plots", help="the report's figures")
+    pl.add_argument("--summary", type=Path, required=True)
+    pl.add_argument("--results", type=Path, required=True)
+    pl.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+
+
+def _run_results_command(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from analysis.outputs.runs import read_json, read_plan
+
+    if args.command == "aggregate":
+        from analysis.outputs import aggregate
+
+        return aggregate.run(args)
+    if args.command == "speedup":
+        from analysis.outputs.speedup import write_speedup
+
+        row = write_speedup(args.a, args.b, args.output)
+        print(f"{row['candidate']} vs {row['baseline']}: {row['verdict'] or row['status']}")
+        return 0
+    summary_path = getattr(args, "summary", None) or args.results / "summary.csv"
+    if args.command == "ladders":
+        from analysis.outputs.ladders import write_ladders
+
+        plan = read_json(args.plan) if args.plan else read_plan(args.results)
+        for path in write_ladders(args.results, plan, pd.read_csv(summary_path), args.output):
+            print(f"wrote {path}")
+        return 0
+    if args.command == "findings":
+        from analysis.outputs.findings import find_all, findings_table
+
+        found = find_all(args.results, pd.read_csv(summary_path))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        findings_table(found).to_csv(args.output, index=False)
+        print(f"wrote {args.output}: {len(found)} findings")
+        return 0
+    if args.command == "overview":
+        from analysis.outputs.overview import KEY_FIGURES, write_overview
+
+        figures = [args.results / "plots" / f"{n}.png" for n in KEY_FIGURES]
+        write_overview(args.results, args.output, args.html, [f for f in figures if f.is_file()])
+        return 0
+    from analysis.outputs import plots
+
+    plots.main(["--summary", str(args.summary), "--results", str(args.results),
+                "-o", str(args.output)])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,10 +196,12 @@ def _run(args: argparse.Namespace) -> int:
         return _run_lite(
             str(args.export), str(args.output), args.report, args.nsys_version, args.timings
         )
+    if args.command in RESULTS_COMMANDS:
+        return _run_results_command(args)
     from analysis.export import Export
 
     if args.command == "compare":
-        from analysis.compare import compare, format_table
+        from analysis.outputs.compare import compare, format_table
 
         result = compare(args.a, args.b, args.output)
         print(format_table(result))
@@ -154,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
                 table.write(args.output / f"{name}.csv")
                 timings[name] = time.perf_counter() - t
         if args.command in ("extras", "all"):
-            from analysis.metrics import write_extras
+            from analysis.metrics.gpu import write_extras
 
             t = time.perf_counter()
             write_extras(ex, args.output, ctx if args.command == "all" else None)

@@ -592,6 +592,15 @@ class Export:
             out[int(dev) if dev is not None else len(out)] = info
         return out
 
+    def product_version(self) -> str | None:
+        """The Nsight Systems version that exported this file (META_DATA_EXPORT)."""
+        if not self.has("META_DATA_EXPORT"):
+            return None
+        rows = self.query(
+            "SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PRODUCT_VERSION'"
+        )
+        return str(rows[0][0]) if rows else None
+
     def close(self) -> None:
         self.con.close()
 

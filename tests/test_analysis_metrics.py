@@ -14,7 +14,7 @@ import pytest
 from analysis.categories import categorize, tensor_core_rule, uses_tensor_cores
 from analysis.errors import ExportError
 from analysis.export import Export
-from analysis.metrics import run_metrics, union_busy
+from analysis.metrics.gpu import run_metrics, union_busy
 from analysis.occupancy import GpuLimits, occupancy
 from tests.analysis_fixtures import CPU, H100
 

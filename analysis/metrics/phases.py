@@ -21,6 +21,8 @@ every operation launched inside a ``profiled_step`` range.
 
 from __future__ import annotations
 
+import csv
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,3 +199,20 @@ def phase_summary(rows: list[dict[str, object]]) -> dict[str, float | None]:
         float(sum(c for c in covered if c is not None)) if covered else None
     )
     return out
+
+
+def write_phase_table(ex: Export, path: str | os.PathLike[str]) -> dict[str, float | None]:
+    """Write ``phase_gpu_time.csv``; return the flat per-phase numbers for metrics.json."""
+    rows = phase_table(ex)
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_value(v) for k, v in row.items()})
+    return phase_summary(rows)
+
+
+def _csv_value(v: object) -> object:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v

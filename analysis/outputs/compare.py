@@ -16,7 +16,7 @@ from analysis.categories import CATEGORIES
 from analysis.errors import ExportError
 from analysis.export import Export
 from analysis.fmt import Table
-from analysis.metrics import compute_extras
+from analysis.metrics.gpu import compute_extras
 from analysis.nsys_stats import Context, report_nvtx_sum
 
 RUN_EXPORT = "profile.sqlite"

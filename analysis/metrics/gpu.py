@@ -22,6 +22,7 @@ from analysis.fmt import Table
 from analysis.groupstats import dense_codes, group_stats
 from analysis.nsys_stats import Context
 from analysis.nvtx import match_runtime, project_ops
+from analysis.metrics.phases import write_phase_table
 from analysis.occupancy import GpuLimits, occupancy
 
 EXTRA_CSVS: tuple[str, ...] = (
@@ -410,6 +411,9 @@ def write_extras(
     extras = compute_extras(ex, ctx)
     for name, table in extras.tables.items():
         table.write(out / name)
+    # GPU time per phase with the cross-thread rule (docs/timing.md), and the capture's nsys.
+    extras.metrics.update(write_phase_table(ex, out / "phase_gpu_time.csv"))
+    extras.metrics["nsys_version"] = ex.product_version()
     (out / "metrics.json").write_text(json.dumps(extras.metrics, indent=2) + "\n")
     return extras.metrics
 

@@ -1,0 +1,1 @@
+"""Metrics beyond nsys: GPU metrics of a capture, phase attribution, timing statistics."""

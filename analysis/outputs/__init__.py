@@ -1,0 +1,1 @@
+"""Outputs across runs: summary, ladders, speed-ups, findings, overview, figures."""

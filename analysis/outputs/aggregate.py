@@ -1,0 +1,211 @@
+"""One summary table across runs: the untraced step time with its CI, the traced time and
+profiler overhead, status, parameters, GPU metrics, phase GPU time and provenance.
+
+    python -m analysis aggregate --results R --plan R/plan.json [--calibration C] -o summary.csv
+
+Where each number comes from (docs/timing.md):
+
+* ``step_ms`` and its CI, ``tokens_per_s``, ``samples_per_s``, ``mfu``, ``tflops``: the
+  untraced timing processes (``<run>/timing/r*.json``), never the nsys capture;
+* ``step_ms_traced``: the median step of the traced run (``<run>/times.json``), and
+  ``profiler_overhead = step_ms_traced / step_ms - 1``;
+* GPU metrics and ``phase_gpu_ms_*``: the capture (``<run>/stats/metrics.json``);
+* ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
+  ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``high_overhead`` (the
+  tracer slowed the step by more than 25%: the capture's timeline is distorted), ``failed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
+from analysis.outputs.runs import OK, Timing, read_json, read_plan, read_timing, step_times
+
+HIGH_OVERHEAD = 0.25
+FIRST = [
+    "run", "workload", "status", "message", "flags", "step_ms", "step_ci_low_ms",
+    "step_ci_high_ms", "step_ci_half_width_rel", "unstable", "step_iqr_ms", "step_min_ms",
+    "step_max_ms", "timing_processes", "timing_steps", "timer", "step_ms_traced",
+    "profiler_overhead", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_measured_peak",
+    "peak_memory_bytes", "compile_s",
+]  # fmt: skip
+# Per-process values of the timing records that are not carried into the row.
+RECORD_LISTS = {"step_ms", "step_times_ms", "cuda_event_times_ms", "losses"}
+MEASURED_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp32": "fp32"}
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested dicts become prefix_key columns; lists are left out (they live in the JSON)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(flatten(f"{prefix}_{key}" if prefix else str(key), inner))
+        return out
+    if isinstance(value, list):
+        return {}
+    return {prefix: value}
+
+
+def timing_columns(timing: Timing, threshold: float) -> dict[str, Any]:
+    """Estimate, CI and spread of the untraced step time."""
+    if timing.status != OK:
+        return {"timing_processes": len(timing.records)}
+    s = summarize(timing.per_process_ms, unstable_threshold=threshold)
+    return {
+        "step_ms": s.median_ms, "step_ci_low_ms": s.ci_low_ms, "step_ci_high_ms": s.ci_high_ms,
+        "step_ci_half_width_rel": s.ci_half_width_rel, "unstable": s.unstable,
+        "step_iqr_ms": s.iqr_ms, "step_min_ms": s.min_ms, "step_max_ms": s.max_ms,
+        "timing_processes": s.processes, "timing_steps": s.steps,
+    }  # fmt: skip
+
+
+def throughput_columns(
+    record: dict[str, Any], step_ms: float | None, calibration: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Tokens/s, samples/s, achieved TFLOP/s and MFU from the untraced step time."""
+    if not step_ms:
+        return {}
+    seconds = step_ms / 1e3
+    params = record.get("params", {})
+    tokens = record.get("tokens_per_step")
+    if tokens is None and record.get("tokens_per_s") and record.get("median_ms"):
+        tokens = record["tokens_per_s"] * record["median_ms"] / 1e3
+    flops = record.get("flops_per_step") or record.get("model_flops_per_step")
+    out: dict[str, Any] = {
+        "tokens_per_s": tokens / seconds if tokens else None,
+        "samples_per_s": params.get("batch", 0) / seconds if params.get("batch") else None,
+        "tflops": flops / seconds / 1e12 if flops else None,
+    }
+    peak = record.get("peak_tflops")
+    out["mfu"] = flops / seconds / (peak * 1e12) if flops and peak else None
+    measured = _measured_peak(calibration, params.get("dtype"))
+    out["mfu_measured_peak"] = flops / seconds / (measured * 1e12) if flops and measured else None
+    out["measured_peak_tflops"] = measured
+    return out
+
+
+def _measured_peak(calibration: dict[str, Any] | None, dtype: str | None) -> float | None:
+    if not calibration or calibration.get("status", OK) != OK or dtype is None:
+        return None
+    return (calibration.get("matmul_tflops") or {}).get(MEASURED_PEAK_DTYPE.get(dtype, dtype))
+
+
+def gpu_flags(timing: Timing) -> list[str]:
+    """NVML flags raised in any timing process (throttled, shared_gpu)."""
+    flags: set[str] = set()
+    for record in timing.records:
+        flags.update((record.get("gpu_state") or {}).get("flags") or [])
+    return sorted(flags)
+
+
+def traced_columns(times: dict[str, Any] | None, step_ms: float | None) -> dict[str, Any]:
+    if not times or times.get("status", OK) != OK or not step_times(times):
+        return {}
+    traced = statistics.median(step_times(times))
+    return {
+        "step_ms_traced": traced,
+        "profiler_overhead": traced / step_ms - 1 if step_ms else None,
+    }
+
+
+def run_row(
+    results: Path, run: str, info: dict[str, Any], threshold: float,
+    calibration: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The summary row of one run."""
+    timing = read_timing(results / run)
+    times = read_json(results / run / "times.json") if info.get("profile", True) else None
+    metrics = read_json(results / run / "stats" / "metrics.json") or {}
+    first = (timing.ok_records or timing.records or [times or {}])[0]
+    row: dict[str, Any] = {"run": run, "workload": info["params"].get("workload")}
+    row.update(timing_columns(timing, threshold))
+    step_ms = row.get("step_ms")
+    row.update(traced_columns(times, step_ms))
+    row.update(throughput_columns(first, step_ms, calibration))
+    row.update(status=_status(timing, times), message=_message(timing, times))
+    row.update(flags=";".join(_flags(row, timing)))
+    row["timer"] = first.get("timer")
+    for key in ("peak_memory_bytes", "compile_s", "device_name", "torch", "cuda", "params_count"):
+        row[key] = first.get(key)
+    row.update({k: info[k] for k in ("ladder", "ladder_group", "rung_index", "rung") if k in info})
+    row["profiled"] = bool(info.get("profile", True))
+    row.update(flatten("", info["params"]))
+    row.update(flatten("", {k.replace(".", "_"): v for k, v in metrics.items()
+                            if k not in ("status", "message")}))
+    row.update(flatten("gpu_state", {"flags": ";".join(gpu_flags(timing))}))
+    row.update(flatten("provenance", first.get("provenance", {})))
+    return row
+
+
+def _status(timing: Timing, times: dict[str, Any] | None) -> str:
+    if timing.status != OK:
+        return timing.status
+    if times is not None and times.get("status", OK) != OK:
+        return f"capture_{times['status']}"
+    return OK
+
+
+def _message(timing: Timing, times: dict[str, Any] | None) -> str | None:
+    if timing.status != OK:
+        return timing.message
+    if times is not None and times.get("status", OK) != OK:
+        return times.get("message")
+    return None
+
+
+def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
+    flags = []
+    if row.get("status") != OK:
+        flags.append("failed")
+    if row.get("unstable"):
+        flags.append("unstable")
+    flags += gpu_flags(timing)
+    if (row.get("profiler_overhead") or 0) > HIGH_OVERHEAD:
+        flags.append("high_overhead")
+    return flags
+
+
+def summary_table(
+    results: Path, plan: dict[str, Any], calibration: dict[str, Any] | None = None
+) -> pd.DataFrame:
+    """All runs' rows, with status, timing and throughput columns first."""
+    threshold = plan.get("timing", {}).get("unstable_threshold", DEFAULT_UNSTABLE_THRESHOLD)
+    rows = [run_row(results, run, info, threshold, calibration)
+            for run, info in plan["runs"].items()]
+    table = pd.DataFrame(rows)
+    git = plan.get("git") or {}
+    table["provenance_git_commit"] = git.get("commit")
+    table["provenance_git_dirty"] = git.get("dirty")
+    first = [c for c in FIRST if c in table.columns]
+    provenance = sorted(c for c in table.columns if c.startswith("provenance_"))
+    middle = [c for c in table.columns if c not in first and c not in provenance]
+    return table[first + middle + provenance]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", type=Path, required=True, help="results folder")
+    parser.add_argument("--plan", type=Path, default=None, help="default: RESULTS/plan.json")
+    parser.add_argument("--calibration", type=Path, default=None)
+    parser.add_argument("-o", "--output", type=Path, required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = read_json(args.plan) if args.plan else read_plan(args.results)
+    calibration = read_json(args.calibration) if args.calibration else None
+    table = summary_table(args.results, plan, calibration)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.output, index=False)
+    print(f"wrote {args.output}: {len(table)} runs x {len(table.columns)} columns")
+    return 0

@@ -1,0 +1,1 @@
+"""The pipeline's own helpers: job guard, failure outcomes, start-up checks."""
