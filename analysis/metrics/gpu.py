@@ -20,9 +20,9 @@ from analysis.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_c
 from analysis.export import KERNEL, Export
 from analysis.fmt import Table
 from analysis.groupstats import dense_codes, group_stats
+from analysis.metrics.phases import write_phase_table
 from analysis.nsys_stats import Context
 from analysis.nvtx import match_runtime, project_ops
-from analysis.metrics.phases import write_phase_table
 from analysis.occupancy import GpuLimits, occupancy
 
 EXTRA_CSVS: tuple[str, ...] = (

@@ -46,7 +46,8 @@ def md_table(table: pd.DataFrame) -> str:
 
     lines = ["| " + " | ".join(cell(c) for c in table.columns) + " |",
              "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    for row in table.itertuples(index=False):
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
     return "\n".join(lines)
 
 

@@ -30,7 +30,8 @@ def speedup_row(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     sa, sb = summarize(a.per_process_ms), summarize(b.per_process_ms)
     s = speedup(a.per_process_ms, b.per_process_ms)
     row.update(
-        baseline_ms=sa.median_ms, baseline_ci_low_ms=sa.ci_low_ms, baseline_ci_high_ms=sa.ci_high_ms,
+        baseline_ms=sa.median_ms, baseline_ci_low_ms=sa.ci_low_ms,
+        baseline_ci_high_ms=sa.ci_high_ms,
         candidate_ms=sb.median_ms, candidate_ci_low_ms=sb.ci_low_ms,
         candidate_ci_high_ms=sb.ci_high_ms, speedup=s.ratio, speedup_ci_low=s.ci_low,
         speedup_ci_high=s.ci_high, significant=s.significant, verdict=s.verdict, status=OK,
