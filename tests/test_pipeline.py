@@ -3,9 +3,13 @@ engine, the summary, plots and the HTML report (checked in headless Chromium).""
 
 from __future__ import annotations
 
+import http.server
 import json
+import re
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +22,7 @@ from analysis.reports import REPORTS as NSYS_REPORTS
 pytestmark = pytest.mark.slow
 
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
+# Runs with an nsys capture, and all runs (ladder rungs, timed-only and failing runs too).
 RUNS = [
     "attention_naive",
     "attention_sdpa",
@@ -25,7 +30,20 @@ RUNS = [
     "gpt_tiny_train_fp32",
     "gpt_tiny_train_bf16",
 ]
+LADDER = [
+    "ladder_tiny_0_fp32_eager",
+    "ladder_tiny_1_bf16",
+    "ladder_tiny_2_fused_adamw",
+    "ladder_tiny_3_sdpa",
+    "ladder_tiny_4_compile",
+]
+TIMED_ONLY = ["attention_core_cudnn", "attention_core_math"]
+ALL_RUNS = [*RUNS, *TIMED_ONLY, "gpt_small_oom", *LADDER]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOT_NAMES = [
+    "ladder_waterfall", "attention_sweep", "phase_gpu_time", "kernel_categories", "step_time",
+    "top_kernels", "idle_time", "kernel_durations", "gpu_utilization",
+]
 
 
 def results(workdir: Path) -> Path:
@@ -56,7 +74,15 @@ def test_every_stage_writes_its_outputs(smoke_workdir: Path) -> None:
             assert csv.read_text().splitlines()[0], f"{csv} has no header"
         # nsys' own console statistics are kept in the profile log.
         assert "nvtx_sum" in (out / "logs" / "profile" / f"{run}.log").read_text()
-    for name in ["step_time", "kernel_categories", "gpu_utilization", "nvtx_phases"]:
+    for run in [*RUNS, *LADDER]:
+        phases = pd.read_csv(out / run / "stats" / "phase_gpu_time.csv")
+        assert "profiled_step" in set(phases["Range"]), run
+    for run in TIMED_ONLY:
+        assert not (out / run / "profile.sqlite").exists(), "timed-only runs have no capture"
+    for run in ALL_RUNS:
+        records = sorted((out / run / "timing").glob("r*.json"))
+        assert len(records) == SMOKE["timing"]["repeats"], run
+    for name in PLOT_NAMES:
         png = out / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000, png
     compare = pd.read_csv(out / "compare" / "attention" / "compare_nvtx.csv")
@@ -64,24 +90,81 @@ def test_every_stage_writes_its_outputs(smoke_workdir: Path) -> None:
 
 
 def test_summary_has_one_row_per_run_with_metrics(smoke_workdir: Path) -> None:
-    summary = pd.read_csv(results(smoke_workdir) / "summary.csv")
-    assert sorted(summary["run"]) == sorted(RUNS)
+    summary = pd.read_csv(results(smoke_workdir) / "summary.csv").set_index("run")
+    assert sorted(summary.index) == sorted(ALL_RUNS)
     for column in [
-        "median_ms",
-        "gpu_utilization",
-        "tensor_core_share",
-        "theoretical_occupancy",
-        "kernel_count",
-        "provenance_environment",
+        "status", "flags", "step_ms", "step_ci_low_ms", "step_ci_high_ms", "step_ms_traced",
+        "profiler_overhead", "unstable", "timing_processes", "gpu_utilization",
+        "tensor_core_share", "theoretical_occupancy", "kernel_count", "nsys_version",
+        "phase_gpu_ms_backward_pass", "provenance_environment", "provenance_git_commit",
+        "provenance_config_hash", "gpu_state_flags",
     ]:
         assert column in summary.columns, column
-    assert (summary["median_ms"] > 0).all()
-    assert (summary["steps_measured"] == SMOKE["defaults"]["steps"]).all()
-    assert set(summary["provenance_environment"]) == {"host"}
+    ok = summary[summary["status"] == "ok"]
+    assert set(ok.index) == set(ALL_RUNS) - {"gpt_small_oom", "attention_core_cudnn"}
+    assert (ok["step_ci_low_ms"] <= ok["step_ms"]).all()
+    assert (ok["step_ms"] <= ok["step_ci_high_ms"]).all()
+    assert (ok["timing_processes"] == SMOKE["timing"]["repeats"]).all()
+    captured = ok.loc[[*RUNS, *LADDER]]
+    # The published step is the untraced one; the overhead is traced / untraced - 1.
+    assert (captured["profiler_overhead"] - (captured["step_ms_traced"] / captured["step_ms"] - 1)
+            ).abs().max() < 1e-9
+    assert set(summary["provenance_environment"].dropna()) == {"host"}
+    assert summary["provenance_git_commit"].str.fullmatch("[0-9a-f]{40}").all()
     # No GPU here: kernel counts are zero and GPU metrics empty, not made up.
-    assert (summary["kernel_count"].fillna(0) == 0).all()
-    assert summary["gpu_utilization"].isna().all()
+    assert (captured["kernel_count"].fillna(0) == 0).all()
+    assert captured["gpu_utilization"].isna().all()
     assert any(c.startswith("category_time_ns_") for c in summary.columns)
+
+
+def test_failures_are_result_rows(smoke_workdir: Path) -> None:
+    """An OOM under the memory cap and an unsupported backend are rows; the rest finished."""
+    summary = pd.read_csv(results(smoke_workdir) / "summary.csv").set_index("run")
+    oom = summary.loc["gpt_small_oom"]
+    assert oom["status"] == "oom" and "allocate" in oom["message"]
+    assert "failed" in oom["flags"]
+    unsupported = summary.loc["attention_core_cudnn"]
+    assert unsupported["status"] == "unsupported" and "cudnn" in unsupported["message"]
+    out = results(smoke_workdir)
+    metrics = json.loads((out / "gpt_small_oom" / "stats" / "metrics.json").read_text())
+    assert metrics["status"] == "oom"
+    assert (out / "gpt_small_oom" / "profile.sqlite").stat().st_size == 0
+
+
+def test_ladder_table_has_every_rung_and_its_gain(smoke_workdir: Path) -> None:
+    table = pd.read_csv(results(smoke_workdir) / "ladders" / "ladder_tiny.csv")
+    assert list(table["run"]) == LADDER
+    assert list(table["rung_index"]) == list(range(len(LADDER)))
+    summary = pd.read_csv(results(smoke_workdir) / "summary.csv").set_index("run")
+    for _, row in table.iloc[1:].iterrows():
+        prev = table.loc[table["rung_index"] == row["rung_index"] - 1].iloc[0]
+        # point estimates of the gain are the ratio of the two untraced medians
+        assert row["x_vs_prev"] == pytest.approx(prev["step_ms"] / row["step_ms"])
+        assert row["x_vs_prev_ci_low"] <= row["x_vs_prev"] <= row["x_vs_prev_ci_high"]
+        assert row["step_ms"] == pytest.approx(summary.loc[row["run"], "step_ms"])
+    compiled = json.loads((results(smoke_workdir) / LADDER[-1] / "timing" / "r0.json").read_text())
+    assert compiled["params"]["compile"] == "default" and compiled["compile_s"] > 0
+
+
+def test_every_finding_cites_a_number_that_is_in_its_csv(smoke_workdir: Path) -> None:
+    out = results(smoke_workdir)
+    findings = pd.read_csv(out / "findings.csv")
+    assert len(findings) > 0
+    for _, f in findings.iterrows():
+        table = pd.read_csv(out / f["source"])
+        row = table.loc[table[f["key_column"]].astype(str) == str(f["key"])]
+        assert len(row) == 1, (f["rule"], f["key"])
+        assert float(row.iloc[0][f["value_column"]]) == pytest.approx(f["value"]), f["rule"]
+
+
+def test_overview_answers_first(smoke_workdir: Path) -> None:
+    out = results(smoke_workdir)
+    md = (out / "SUMMARY.md").read_text()
+    assert md.startswith("# profbench results")
+    assert "| ladder_tiny |" in md and "Flagged runs" in md
+    page = (out / "overview.html").read_text()
+    assert "<img" in page and "data:image/png;base64," in page
+    assert "http://" not in page and "https://" not in page
 
 
 def test_train_run_nvtx_counts_match_steps_and_layers(smoke_workdir: Path) -> None:
@@ -131,14 +214,12 @@ def test_editing_one_run_reruns_only_that_run(smoke_workdir: Path, tmp_path: Pat
     untouched = results(smoke_workdir) / "gpt_tiny_train_fp32" / "profile.sqlite"
     before = untouched.stat().st_mtime_ns
     done = snakemake(smoke_workdir, "--cores", "2", "--configfile", str(edited))
-    assert job_counts(done.stdout + done.stderr) == {
-        "profile": 1,
-        "run_stats": 1,
-        "aggregate": 1,
-        "plots": 1,
-        "all": 1,
-        "total": 5,
+    counts = job_counts(done.stdout + done.stderr)
+    # that run's timing process, capture and statistics, then what is made across runs
+    assert {k: counts.get(k) for k in ("time_run", "profile", "run_stats")} == {
+        "time_run": 1, "profile": 1, "run_stats": 1,
     }
+    assert "calibrate" not in counts and "plan" in counts
     assert untouched.stat().st_mtime_ns == before
     times = json.loads((results(smoke_workdir) / "gpt_tiny_train_bf16" / "times.json").read_text())
     assert times["params"]["seed"] == 7
@@ -161,37 +242,79 @@ def chromium() -> str:
     )
 
 
-def test_report_renders_in_a_browser(smoke_workdir: Path, tmp_path: Path) -> None:
+class RequestRecorder(http.server.BaseHTTPRequestHandler):
+    """A proxy that records every request the browser tries to send off the machine."""
+
+    seen: list[str] = []
+
+    def _refuse(self) -> None:
+        RequestRecorder.seen.append(f"{self.command} {self.path}")
+        self.send_error(502)
+
+    do_GET = do_POST = do_CONNECT = do_HEAD = _refuse  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def outbound_requests() -> Iterator[tuple[list[str], str]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RequestRecorder)
+    RequestRecorder.seen = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield RequestRecorder.seen, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def browser_flags(profile: Path, proxy: str) -> list[str]:
+    return [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", "--virtual-time-budget=10000",
+        # every http(s) request goes to the recorder instead of the network
+        f"--proxy-server={proxy}", "--proxy-bypass-list=<-loopback>",
+    ]
+
+
+def test_report_renders_in_a_browser(
+    smoke_workdir: Path, tmp_path: Path, outbound_requests: tuple[list[str], str]
+) -> None:
+    seen, proxy = outbound_requests
     report = smoke_workdir / "report.html"
     snakemake(smoke_workdir, "--report", str(report), "--configfile", str(SMOKE_CONFIG))
     assert report.stat().st_size > 10_000
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--virtual-time-budget=10000",
-    ]
+    flags = browser_flags(tmp_path / "profile", proxy)
     dom = subprocess.run(
         [chromium(), *flags, "--dump-dom", report.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+        capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     # Rendered by the report's JavaScript, so present only if the page really ran.
-    for text in ["summary.csv", "Plots", "Comparisons"]:
+    for text in ["summary.csv", "Overview", "Figures", "Comparisons", "Ladders"]:
         assert text in dom, f"{text!r} not in the rendered report"
-    shot = tmp_path / "report.png"
+    assert seen == [], f"the report tried to reach the network: {seen}"
+
+
+def test_front_page_renders_every_image(
+    smoke_workdir: Path, tmp_path: Path, outbound_requests: tuple[list[str], str]
+) -> None:
+    """The overview (the report's first result, and SUMMARY.md as HTML) in a real browser:
+    every figure decoded, nothing fetched from outside, and a screenshot of it."""
+    seen, proxy = outbound_requests
+    page = results(smoke_workdir) / "overview.html"
+    flags = browser_flags(tmp_path / "profile", proxy)
+    dom = subprocess.run(
+        [chromium(), *flags, "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    images = int(re.search(r'data-images="(\d+)"', dom).group(1))
+    decoded = int(re.search(r'data-images-decoded="(\d+)"', dom).group(1))
+    assert images >= 3 and decoded == images, (images, decoded)
+    shot = tmp_path / "front.png"
     subprocess.run(
-        [chromium(), *flags, "--window-size=1400,1000", f"--screenshot={shot}", report.as_uri()],
-        capture_output=True,
-        timeout=120,
-        check=True,
+        [chromium(), *flags, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, timeout=120, check=True,
     )
-    assert shot.read_bytes()[:8] == PNG_MAGIC
+    assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 50_000
+    shutil.copy(shot, results(smoke_workdir) / "front_page.png")
+    assert seen == [], f"the front page tried to reach the network: {seen}"

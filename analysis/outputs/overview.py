@@ -184,8 +184,12 @@ def to_html(md: str, results: Path) -> str:
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
              "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;"
              "padding:3px 8px;text-align:right}img{max-width:100%;margin:.5em 0}")
+    # Marks how many figures the browser decoded (the report test reads it back).
+    script = ("<script>window.addEventListener('load',()=>{const i=[...document.images];"
+              "document.body.dataset.images=i.length;document.body.dataset.imagesDecoded="
+              "i.filter(x=>x.complete&&x.naturalWidth>0).length;});</script>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>profbench results"
-            f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>")
+            f"</title><style>{style}</style></head><body>{''.join(body)}{script}</body></html>")
 
 
 def _inline(text: str) -> str:
