@@ -134,12 +134,19 @@ def _export_problem(path: Path) -> str | None:
         if lacking else None
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path, returncode: int | None) -> dict[str, Any] | None:
+    """The command's own record; one without a status counts as ok only if it exited 0."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and "status" in record else None
+    if not isinstance(record, dict):
+        return None
+    if "status" not in record:
+        if returncode != 0:
+            return None
+        record["status"] = "ok"
+    return record
 
 
 def write_atomically(path: Path, record: dict[str, Any]) -> None:
@@ -155,7 +162,7 @@ def guard(out: Path, cmd: list[str], timeout_s: float | None, expect: list[Path]
     # A stale record from an earlier attempt must not pass for this one's.
     out.unlink(missing_ok=True)
     returncode, tail, elapsed, timed_out = run_guarded(cmd, timeout_s)
-    record = read_record(out)
+    record = read_record(out, returncode)
     if timed_out:
         record = {**(record or {}), "status": "timeout",
                   "message": f"exceeded the time limit of {timeout_s:.0f} s (timeout_min)"}

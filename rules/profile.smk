@@ -100,6 +100,7 @@ rule profile:
         trace=config["nsys"]["trace"],
         capture=CAPTURE_ARGS[config["nsys"]["capture"]],
         extra=config["nsys"]["extra_args"],
+        stats="true" if config["nsys"]["console_stats"] else "false",
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
     resources:
         gpu=1,
@@ -107,14 +108,15 @@ rule profile:
         RULE_CONTAINER
     shell:
         # The capture covers the measured steps only (see CAPTURE_ARGS). Non-registered NVTX
-        # strings must count for the NVTX match. --stats=true prints nsys' own summary into
-        # the log, kept next to our CSVs. A failed run leaves empty capture files: its
+        # strings must count for the NVTX match. nsys.console_stats prints nsys' own summary
+        # into the log, next to our CSVs (off by default: it costs a second pass over big
+        # captures, and our reports match it value for value). A failed run leaves empty capture files: its
         # times.json status says why, and run_stats never reads them.
         "{params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} --expect {output.rep} --"
         " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none {params.capture}"
-        " --stats=true --export=sqlite --force-overwrite=true {params.extra}"
+        " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"
         " -o {params.prefix}"
         " {params.python} -m workloads {params.workload} --out {output.times}"
         " > {log} 2>&1;"

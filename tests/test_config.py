@@ -84,11 +84,16 @@ def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
 
 
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
-    """The GPU default matrix: 4 attention runs, 5 sizes x 3 modes of fp32 GPT, and the
-    bf16 train step of each size."""
+    """The GPU default matrix: 4 notebook attention runs, GPT small and 2.7B forward and
+    forward+backward, the 7-rung ladder for both sizes (all captured), 8 attention-kernel
+    runs and 1 OOM probe timed only; 3 untraced timing processes per run."""
     done = snakemake(tmp_path, "-n", "--cores", "1")
-    assert done.stdout.count("rule profile:") == 4 + 15 + 5, done.stdout[-2000:]
-    assert done.stdout.count("rule compare:") == 2 + 5
+    assert done.stdout.count("rule profile:") == 4 + 4 + 14, done.stdout[-2000:]
+    assert done.stdout.count("rule time_run:") == 3 * (4 + 4 + 14 + 8 + 1)
+    # the config's 3 comparisons and each ladder rung against the one before
+    assert done.stdout.count("rule speedup:") == 3 + 2 * 6
+    assert done.stdout.count("rule compare:") == 2 + 2 * 6
+    assert done.stdout.count("rule calibrate:") == 1
 
 
 def test_pipeline_installs_nsys_when_none_is_found(tmp_path: Path) -> None:

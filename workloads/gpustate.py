@@ -24,8 +24,9 @@ REASONS = (
     ("DisplayClockSetting", "display_clock_setting"),
 )
 # Reasons that mean the GPU ran below the clocks it was asked for: power, thermal, hardware.
+# A software power cap is the normal state of a GPU at full load (it trims clocks to stay
+# within the power limit): reported as `power_capped`, not as a throttled (misleading) run.
 SLOWDOWNS = {
-    "sw_power_cap",
     "hw_slowdown",
     "sw_thermal_slowdown",
     "hw_thermal_slowdown",
@@ -51,6 +52,8 @@ def flags(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     out = []
     if any(SLOWDOWNS & set(s.get("throttle_reasons") or []) for s in snapshots):
         out.append("throttled")
+    if any("sw_power_cap" in (s.get("throttle_reasons") or []) for s in snapshots):
+        out.append("power_capped")
     if any(s.get("other_processes") for s in snapshots):
         out.append("shared_gpu")
     return out
