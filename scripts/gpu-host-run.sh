@@ -16,7 +16,8 @@ source gpu-kit/setup.sh >/dev/null 2>&1
 export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 start=$(date +%s)
-timeout "$limit" python3 -m snakemake --cores 1 --configfile "$configfile" "${extra[@]}" \
+# GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them.
+timeout "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --configfile "$configfile" "${extra[@]}" \
   >> $OUT/snakemake.log 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
