@@ -28,7 +28,7 @@ class MasterAdamW:
         *,
         lr: float,
         low_precision: torch.dtype | None,
-        compile_update: bool,
+        compile_mode: str = "off",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
@@ -50,11 +50,21 @@ class MasterAdamW:
         self.grad_low = torch.empty_like(self.shadow) if low else None
         self.grad_full = torch.empty(self.master.numel() - self.n_low, device=device)
         self.params = self._rebind(slots, ordered, len(low))
-        self._update: Callable[..., None] = (
-            torch.compile(_adamw_update, fullgraph=True, dynamic=False)
-            if compile_update
-            else _adamw_update
-        )
+        # reduce-overhead: gather + update replay as one CUDA graph (buffers at static
+        # addresses; the gradients are outputs of the backward graph); otherwise the gathers
+        # stay two eager cat kernels and only the elementwise update is compiled.
+        self.graphed = compile_mode == "reduce-overhead"
+        self._update: Callable[..., None] = _adamw_update
+        if self.graphed:
+            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.step_count,
+                      self.shadow, self.grad_low, self.grad_full):
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
+            self._gather_update = torch.compile(
+                _gather_and_update, mode="reduce-overhead", fullgraph=True, dynamic=False
+            )
+        elif compile_mode != "off":
+            self._update = torch.compile(_adamw_update, fullgraph=True, dynamic=False)
 
     def _rebind(
         self, slots: list, ordered: list[nn.Parameter], n_low_params: int
@@ -81,6 +91,12 @@ class MasterAdamW:
         if any(g is None for g in grads):
             raise RuntimeError("adamw_master: a parameter got no gradient this step")
         low, full = grads[: self.n_low_params], grads[self.n_low_params :]
+        if self.graphed:
+            self._gather_update(
+                low, full, self.master, self.exp_avg, self.exp_avg_sq, self.shadow,
+                self.step_count, *self.hyper,
+            )
+            return
         # One eager cat per group (one kernel each) gives the update flat gradients.
         if low:
             torch.cat([g.reshape(-1) for g in low], out=self.grad_low)
@@ -89,6 +105,21 @@ class MasterAdamW:
             self.master, self.exp_avg, self.exp_avg_sq, self.shadow, self.grad_low,
             self.grad_full, self.step_count, *self.hyper,
         )
+
+
+def _gather_and_update(
+    low: list[torch.Tensor],
+    full: list[torch.Tensor],
+    master: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    shadow: torch.Tensor | None,
+    step: torch.Tensor,
+    *hyper: float,
+) -> None:
+    grad_low = torch.cat([g.reshape(-1) for g in low]) if low else None
+    grad_full = torch.cat([g.reshape(-1) for g in full])
+    _adamw_update(master, exp_avg, exp_avg_sq, shadow, grad_low, grad_full, step, *hyper)
 
 
 def _adamw_update(
@@ -127,7 +158,7 @@ def build_optimizer(
     *,
     lr: float,
     low_precision: torch.dtype | None,
-    compiled: bool,
+    compile_mode: str = "off",
 ) -> torch.optim.Optimizer | MasterAdamW:
     """The optimizer ``name`` over ``model``'s parameters (see the module docstring)."""
     if name == "adamw_foreach":
@@ -135,7 +166,7 @@ def build_optimizer(
     if name == "adamw_fused":
         return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     if name == "adamw_master":
-        return MasterAdamW(model, lr=lr, low_precision=low_precision, compile_update=compiled)
+        return MasterAdamW(model, lr=lr, low_precision=low_precision, compile_mode=compile_mode)
     raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
 
 

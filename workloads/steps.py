@@ -190,7 +190,7 @@ def build_gpt(
     if mode == "train":
         low = compute_dtype(dtype) if dtype in ("bf16", "fp16") else None
         optimizer = build_optimizer(
-            speed.optimizer, model, lr=lr, low_precision=low, compiled=speed.compile != "off"
+            speed.optimizer, model, lr=lr, low_precision=low, compile_mode=speed.compile
         )
     compiled_model = compile_callable(model, speed.compile)
 
