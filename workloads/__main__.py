@@ -14,6 +14,7 @@ Examples::
 import argparse
 import json
 import resource
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     memory_limited = apply_memory_limit(args.memory_limit_mb, device)
+    # A timeout's SIGTERM becomes an exception, so the JSON (status error) is still written.
+    signal.signal(signal.SIGTERM, _terminated)
     record = Record(args, device, memory_limited)
     try:
         configure_precision(args.dtype)
@@ -290,6 +293,14 @@ def summary_line(result: dict[str, Any]) -> str:
     if result["losses"]:
         line += f", loss {result['losses'][0]:.4f} -> {result['losses'][-1]:.4f}"
     return line
+
+
+class Terminated(Exception):
+    """The process got SIGTERM (e.g. from `timeout`)."""
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")
 
 
 def _flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:

@@ -50,13 +50,13 @@ class MasterAdamW:
         self.grad_low = torch.empty_like(self.shadow) if low else None
         self.grad_full = torch.empty(self.master.numel() - self.n_low, device=device)
         self.params = self._rebind(slots, ordered, len(low))
-        # The gathers stay two eager cat kernels (one launch each) and only the elementwise
-        # update is compiled: gathering 100s of tensors inside inductor made many kernels
-        # and, on the 2.7B model, a 12.7 GiB fp32 copy of the gradients (measured on H100).
-        self._update: Callable[..., None] = (
-            _adamw_update
+        # The gathers are two eager cat kernels (one launch each); only the elementwise
+        # segment update is compiled. Gathering 100s of tensors inside inductor made many
+        # kernels (slower on H100 at GPT small) and a full fp32 gradient copy.
+        self._segment: Callable[..., None] = (
+            _adamw_segment
             if compile_mode == "off"
-            else torch.compile(_adamw_update, fullgraph=True, dynamic=False)
+            else torch.compile(_adamw_segment, fullgraph=True, dynamic=False)
         )
 
     def _rebind(
@@ -88,9 +88,9 @@ class MasterAdamW:
         if low:
             torch.cat([g.reshape(-1) for g in low], out=self.grad_low)
         torch.cat([g.reshape(-1) for g in full], out=self.grad_full)
-        self._update(
+        _adamw_update(
             self.master, self.exp_avg, self.exp_avg_sq, self.shadow, self.grad_low,
-            self.grad_full, self.step_count, *self.hyper,
+            self.grad_full, self.step_count, *self.hyper, segment=self._segment,
         )
 
 
@@ -107,31 +107,51 @@ def _adamw_update(
     beta2: float,
     eps: float,
     weight_decay: float,
+    *,
+    segment: Callable[..., None] | None = None,
 ) -> None:
-    """torch.optim.AdamW's update (decoupled decay, bias correction) on flat tensors.
+    """torch.optim.AdamW's update (decoupled decay, bias correction) on the flat buffers.
 
-    The low-precision segment [0, n_low) and the fp32 rest are updated separately, so no
-    full-size fp32 gradient is ever materialized.
+    The low-precision segment [0, n_low) and the fp32 rest are separate calls of
+    ``segment`` on views: compiled code then mutates its inputs in place, whereas slicing
+    inside it made inductor write a full-size copy of the master (12.7 GiB on 2.7B).
     """
+    segment = segment or _adamw_segment
     step.add_(1)
+    n_low = 0 if grad_low is None else grad_low.numel()
+    hyper = (lr, beta1, beta2, eps, weight_decay)
+    if grad_low is not None:
+        segment(master[:n_low], exp_avg[:n_low], exp_avg_sq[:n_low], grad_low, shadow, step,
+                *hyper)
+    segment(master[n_low:], exp_avg[n_low:], exp_avg_sq[n_low:], grad_full, None, step, *hyper)
+
+
+def _adamw_segment(
+    param: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    grad: torch.Tensor,
+    shadow: torch.Tensor | None,
+    step: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One AdamW update of a flat segment; refreshes its low-precision copy if any."""
     # Bias corrections on the device (as AdamW(capturable=True) does): no host sync, no
     # recompilation as the step count changes.
     step_size = lr / (1 - torch.pow(beta1, step))
     bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
-    n_low = 0 if grad_low is None else grad_low.numel()
-    segments = [(slice(n_low, None), grad_full)]
-    if grad_low is not None:
-        segments.insert(0, (slice(0, n_low), grad_low))
-    for part, grad16 in segments:
-        grad = grad16.float()
-        param, m, v = master[part], exp_avg[part], exp_avg_sq[part]
-        param.mul_(1 - lr * weight_decay)
-        m.lerp_(grad, 1 - beta1)
-        v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
-        param.sub_(m / denom * step_size)
+    grad = grad.float()
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    param.sub_(exp_avg / denom * step_size)
     if shadow is not None:
-        shadow.copy_(master[:n_low])
+        shadow.copy_(param)
 
 
 def build_optimizer(
