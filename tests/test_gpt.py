@@ -9,7 +9,7 @@ import torch
 from workloads import flops
 from workloads.gpt import GPT, SIZES, RotaryEmbedding, config_for, count_parameters
 from workloads.runner import run_steps
-from workloads.steps import Workload, build_gpt
+from workloads.steps import Speed, Workload, build_gpt
 
 CPU = torch.device("cpu")
 
@@ -84,9 +84,12 @@ def test_invalid_configs_are_rejected() -> None:
         config_for("tiny", attention="flash")
 
 
-def tiny_workload(**overrides: object) -> Workload:
+def tiny_workload(optimizer: str = "adamw_foreach", **overrides: object) -> Workload:
     settings = dict(size="tiny", context=16, batch=2, vocab=1000, mode="train", dtype="fp32")
-    return build_gpt(**{**settings, "attention": "sdpa", "device": CPU, "seed": 0, **overrides})
+    speed = Speed(optimizer=optimizer)
+    return build_gpt(
+        **{**settings, "attention": "sdpa", "device": CPU, "seed": 0, "speed": speed, **overrides}
+    )
 
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
@@ -124,3 +127,76 @@ def test_model_flops_follow_6n_rule() -> None:
     assert flops.step_flops(forward, "train") == 3 * forward
     assert flops.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
     assert flops.peak_tflops("AMD EPYC", "bf16") is None
+
+
+# --- optimizers ---------------------------------------------------------------------------
+
+
+def master_vs_torch(dtype: str, low: torch.dtype | None) -> tuple[list[float], list[float]]:
+    """Losses of 4 steps with torch's AdamW and with MasterAdamW, same init and batch."""
+    from workloads.device import autocast
+    from workloads.optim import build_optimizer
+
+    torch.manual_seed(0)
+    reference = GPT(config_for("tiny", context_length=16, vocab_size=200))
+    master = GPT(config_for("tiny", context_length=16, vocab_size=200))
+    master.load_state_dict(reference.state_dict())
+    optimizers = [
+        torch.optim.AdamW(reference.parameters(), lr=1e-3),
+        build_optimizer("adamw_master", master, lr=1e-3, low_precision=low),
+    ]
+    tokens = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(5))
+    targets = torch.randint(0, 200, (2, 16), generator=torch.Generator().manual_seed(6))
+    losses: list[list[float]] = [[], []]
+    for _ in range(4):
+        for model, optimizer, out in zip((reference, master), optimizers, losses, strict=True):
+            optimizer.zero_grad()
+            with autocast(CPU, dtype):
+                logits = model(tokens)
+            flat = logits.flatten(0, 1).float()
+            loss = torch.nn.functional.cross_entropy(flat, targets.flatten())
+            loss.backward()
+            optimizer.step()
+            out.append(loss.item())
+    return losses[0], losses[1]
+
+
+def test_master_adamw_matches_torch_adamw_in_fp32() -> None:
+    reference, master = master_vs_torch("fp32", None)
+    assert reference[0] == master[0]
+    # Same update rule; only rounding order differs (fp32 ulps).
+    assert master == pytest.approx(reference, rel=1e-6)
+
+
+def test_master_adamw_under_bf16_keeps_bf16_linear_weights() -> None:
+    from workloads.optim import build_optimizer
+
+    reference, master = master_vs_torch("bf16", torch.bfloat16)
+    assert reference[0] == master[0]  # same bf16 casts of the same weights at step 1
+    assert master == pytest.approx(reference, rel=1e-4)  # bf16 rounding flips, no drift
+    model = GPT(config_for("tiny", context_length=8))
+    optimizer = build_optimizer("adamw_master", model, lr=1e-3, low_precision=torch.bfloat16)
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert model.token_embeddings.weight.dtype == torch.float32  # not a matmul weight
+    assert model.ln_final.weight.dtype == torch.float32
+    assert optimizer.master.numel() == count_parameters(model.cfg)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_fused", "adamw_master"])
+def test_every_optimizer_lowers_the_loss(optimizer: str) -> None:
+    losses = run_steps(
+        tiny_workload(optimizer=optimizer).step, warmup=0, steps=3, device=CPU
+    ).losses
+    assert losses[0] > losses[1] > losses[2]
+
+
+def test_fp16_train_step_uses_a_grad_scaler() -> None:
+    losses = run_steps(tiny_workload(dtype="fp16").step, warmup=0, steps=3, device=CPU).losses
+    assert all(math.isfinite(loss) for loss in losses) and losses[2] < losses[0]
+
+
+def test_master_adamw_rejects_fp16() -> None:
+    from workloads.status import Unsupported
+
+    with pytest.raises(Unsupported, match="fp16"):
+        tiny_workload(dtype="fp16", optimizer="adamw_master")

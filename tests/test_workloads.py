@@ -125,6 +125,17 @@ RESULT_KEYS = {
     "peak_tflops",
     "mfu",
     "provenance",
+    # added with the status contract
+    "status",
+    "message",
+    "memory_limit_applied",
+    "timer",
+    "step_ms",
+    "warmup_times_ms",
+    "compile_s",
+    "flops_per_step",
+    "tflops",
+    "gpu_state",
 }
 
 
@@ -149,7 +160,11 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "vocab": 10000,
         "mode": "train",
         "attention": "sdpa",
+        "optimizer": "adamw_foreach",
         "dtype": "fp32",
+        "compile": "off",
+        "sdpa_backend": "auto",
+        "memory_limit_mb": None,
         "warmup": 1,
         "steps": 2,
         "device": "cpu",
@@ -157,13 +172,21 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "peak_tflops": None,
         "out": str(out),
     }
+    assert result["status"] == "ok" and result["message"] == ""
+    assert result["timer"] == "wall" and result["step_ms"] == result["step_times_ms"]
+    assert result["compile_s"] is None and len(result["warmup_times_ms"]) == 1
+    assert result["gpu_state"] == {"available": False, "reason": "device is cpu, not a GPU"}
+    assert result["tflops"] == pytest.approx(
+        result["flops_per_step"] / result["median_ms"] * 1e3 / 1e12
+    )
     assert len(result["step_times_ms"]) == 2 and len(result["losses"]) == 2
     assert result["min_ms"] <= result["median_ms"] <= result["max_ms"]
     assert result["peak_memory_bytes"] is None and result["mfu"] is None
     assert result["params_count"] == 1_362_240
     assert result["torch"] == torch.__version__
     assert result["provenance"]["versions"]["torch"] is not None
-    assert "git_commit" in result["provenance"]
+    assert "git_commit" in result["provenance"] and "git_dirty" in result["provenance"]
+    assert len(result["provenance"]["config_hash"]) == 12
     assert proc.stdout.count("\n") == 1 and "ms/step" in proc.stdout
 
 
@@ -201,7 +224,8 @@ def test_provenance_reads_container_file(tmp_path: Path) -> None:
     record = {"environment": "container", "image": "profbench.sif", "versions": {"torch": "x"}}
     path = tmp_path / "provenance.json"
     path.write_text(json.dumps(record))
-    assert provenance(path) == {**record, "git_commit": provenance(path)["git_commit"]}
+    info = provenance(path)
+    assert {k: info[k] for k in record} == record and "git_commit" in info
 
 
 def test_provenance_falls_back_to_host(tmp_path: Path) -> None:
@@ -306,3 +330,175 @@ def test_attention_nvtx_ranges_under_nsys(nsys: str, tmp_path: Path) -> None:
     ]
     assert {name: counts[name] for name in expected} == dict.fromkeys(expected, steps)
     assert counts["warmup"] == 0 and counts["causal mask construction"] == 0
+
+
+# --- run keys, statuses and exit codes ----------------------------------------------------
+
+
+def test_every_run_key_accepts_both_spellings() -> None:
+    from workloads.__main__ import build_parser
+
+    parser = build_parser()
+    dashed = parser.parse_args(
+        "attention_core --head-dim 32 --sdpa-backend flash --memory-limit-mb 900 --causal true"
+        " --compile max-autotune-no-cudagraphs --dtype fp16 --peak-tflops 5".split()
+    )
+    pipeline = parser.parse_args(
+        "attention_core --head_dim 32 --sdpa_backend flash --memory_limit_mb 900 --causal True"
+        " --compile max-autotune-no-cudagraphs --dtype fp16 --peak_tflops 5".split()
+    )
+    assert vars(dashed) == vars(pipeline)
+    assert pipeline.head_dim == 32 and pipeline.causal is True and pipeline.dtype == "fp16"
+    gpt = parser.parse_args("gpt --optimizer adamw_fused --compile reduce-overhead".split())
+    assert gpt.optimizer == "adamw_fused" and gpt.compile == "reduce-overhead"
+    with pytest.raises(SystemExit):
+        parser.parse_args("attention_core --causal maybe".split())
+
+
+def test_unsupported_sdpa_backend_gives_status_4_with_reason(tmp_path: Path) -> None:
+    out = tmp_path / "u.json"
+    args = "attention_core --batch 1 --heads 2 --seq 16 --head_dim 8 --sdpa_backend cudnn"
+    proc = run_cli(*args.split(), "--device", "cpu", "--out", str(out))
+    assert proc.returncode == 4, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "unsupported" and "cudnn" in result["message"]
+    assert result["params"]["sdpa_backend"] == "cudnn" and result["median_ms"] is None
+    assert result["provenance"]["versions"]["torch"] is not None
+
+
+def test_memory_limit_forces_a_host_oom_with_status_3(tmp_path: Path) -> None:
+    # Naive attention's 8 x 4096 x 4096 fp32 scores need 512 MiB: more than the 1000 MiB
+    # address space leaves after importing torch (~650 MiB).
+    out = tmp_path / "oom.json"
+    args = "attention_core --impl naive --batch 1 --heads 8 --seq 4096 --head_dim 16"
+    proc = run_cli(*args.split(), "--memory_limit_mb", "1000", "--device", "cpu", "--out", str(out))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "oom" and result["memory_limit_applied"] is True
+    assert "allocate" in result["message"]  # torch's message names the failed size
+    assert result["step_ms"] == [] and result["device_name"]
+
+
+def test_attention_core_flops_match_an_independent_count() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from workloads import flops
+    from workloads.attention import naive_attention
+
+    q, k, v = (torch.randn(2, 3, 40, 8) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        naive_attention(q, k, v)
+    assert flops.attention_core_forward_flops(2, 3, 40, 8, causal=False) == (
+        counter.get_total_flops()
+    )
+    causal = flops.attention_core_forward_flops(2, 3, 40, 8, causal=True)
+    assert causal * 2 == counter.get_total_flops()
+    assert flops.attention_core_step_flops(causal, "forward_backward") == int(causal * 3.5)
+
+
+def test_attention_core_cli_reports_tflops(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "c.json"
+    args = "attention_core --batch 2 --heads 2 --seq 32 --head_dim 8 --causal false"
+    args += " --mode forward_backward --steps 3 --warmup 1 --device cpu"
+    assert main([*args.split(), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["flops_per_step"] == int(4 * 2 * 2 * 32 * 32 * 8 * 3.5)
+    assert result["tflops"] > 0 and result["params_count"] == 0
+    assert "attention_core sdpa h=2 s=32 d=8 forward_backward" in capsys.readouterr().out
+
+
+def test_calibrate_on_cpu_is_cached_per_device(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PROFBENCH_CACHE", str(tmp_path / "cache"))
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    common = ["calibrate", "--device", "cpu", "--dtypes", "fp32,bf16"]
+    assert main([*common, "--out", str(first)]) == 0
+    assert main([*common, "--out", str(second)]) == 0
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert a["cached"] is False and b["cached"] is True
+    assert set(a["matmul_tflops"]) == {"fp32", "bf16"} and a["copy_gbps"] > 0
+    assert all(t > 0 for t in a["matmul_tflops"].values())
+    assert a["datasheet_tflops"] == {"fp32": None, "bf16": None}  # no datasheet for a CPU
+    assert (tmp_path / "cache" / "calibration" / f"{a['key']}.json").is_file()
+    assert "torch" in a["key"] and a["provenance"]["git_commit"] == b["provenance"]["git_commit"]
+    refreshed = tmp_path / "c.json"
+    assert main([*common, "--refresh", "--out", str(refreshed)]) == 0
+    assert json.loads(refreshed.read_text())["cached"] is False
+
+
+def test_compiled_master_weight_train_step_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "compiled.json"
+    args = "gpt --size tiny --context 16 --batch 2 --mode train --steps 2 --warmup 2"
+    args += " --dtype bf16 --compile default --optimizer adamw_master --device cpu"
+    proc = run_cli(*args.split(), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok" and result["compile_s"] > 0
+    assert result["losses"][1] < result["losses"][0]
+    assert "compile=default" in proc.stdout
+
+
+def test_nvtx_ranges_cause_no_graph_breaks() -> None:
+    from workloads.gpt import GPT, config_for
+
+    model = GPT(config_for("tiny", context_length=8, attention="naive"))
+    explanation = torch._dynamo.explain(model)(torch.randint(0, 100, (1, 8)))
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+
+
+def test_tf32_sets_the_matmul_precision() -> None:
+    from workloads.device import configure_precision
+
+    try:
+        configure_precision("tf32")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        configure_precision("fp32")
+    assert not torch.backends.cuda.matmul.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+# --- GPU state ----------------------------------------------------------------------------
+
+
+def test_gpu_state_is_absent_on_cpu() -> None:
+    from workloads.gpustate import GpuStateRecorder
+
+    recorder = GpuStateRecorder(CPU)
+    recorder.snapshot("before")
+    assert recorder.result() == {"available": False, "reason": "device is cpu, not a GPU"}
+
+
+def test_throttle_reasons_decode_with_real_nvml_constants() -> None:
+    import pynvml
+
+    from workloads.gpustate import decode_reasons, flags
+
+    mask = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown | pynvml.nvmlClocksThrottleReasonGpuIdle
+    assert decode_reasons(mask, pynvml) == ["gpu_idle", "hw_thermal_slowdown"]
+    assert decode_reasons(0, pynvml) == []
+    hot = {"throttle_reasons": decode_reasons(mask, pynvml), "other_processes": []}
+    idle = {"throttle_reasons": ["gpu_idle"], "other_processes": []}
+    capped = {"throttle_reasons": ["sw_power_cap"], "other_processes": []}
+    shared = {"throttle_reasons": [], "other_processes": [{"pid": 1, "used_memory_bytes": 9}]}
+    assert flags(idle, hot) == ["throttled"]
+    assert flags(idle, idle) == []
+    assert flags(capped, idle) == ["power_capped"]
+    assert flags(shared, idle) == ["shared_gpu"]
+
+
+# --- provenance: git state from the environment, config hash ---------------------------------
+
+
+def test_provenance_takes_git_state_from_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PROFBENCH_GIT_COMMIT", "abc123")
+    monkeypatch.setenv("PROFBENCH_GIT_DIRTY", "true")
+    monkeypatch.chdir(tmp_path)  # no .git here, like the GPU machine's copy
+    info = provenance(tmp_path / "missing.json", params={"b": 1, "a": 2})
+    assert info["git_commit"] == "abc123" and info["git_dirty"] is True
+    assert info["hostname"] and info["date"].endswith("+00:00")
+    from workloads.provenance import config_hash
+
+    assert info["config_hash"] == config_hash({"a": 2, "b": 1}) != config_hash({"a": 2, "b": 2})
+    monkeypatch.setenv("PROFBENCH_GIT_DIRTY", "0")
+    assert provenance(tmp_path / "missing.json")["git_dirty"] is False
