@@ -1,21 +1,25 @@
-"""Command line: ``python -m analysis {stats,extras,all,compare} ...``."""
+"""Command line: ``python -m analysis {stats,extras,all,compare,aggregate,plots} ...``.
+
+Per run (one export): ``stats`` (the seven nsys reports), ``extras`` (what nsys lacks)
+and ``all`` (both, reading the export once: what the pipeline runs).  Across runs:
+``compare`` (A vs B), ``aggregate`` (summary.csv) and ``plots`` (the report's figures).
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from pathlib import Path
 
-from analysis.errors import ExportError
+from analysis.metrics.extras import write_extras
+from analysis.outputs.compare import compare, format_table
+from analysis.reading import Export, ExportError
+from analysis.reports import REPORTS
+from analysis.reports.nsys_stats import Context, prepare_reading, run_reports
 
-TYPE_CHECKING = False  # argparse/pathlib/typing are imported only where needed (start-up)
-if TYPE_CHECKING:
-    import argparse
 
-
-def _parser() -> argparse.ArgumentParser:
-    import argparse
-    from pathlib import Path
-
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (
@@ -24,14 +28,16 @@ def _parser() -> argparse.ArgumentParser:
         ("all", "stats and extras in one pass"),
     ):
         sp = sub.add_parser(name, help=helptext)
+        sp.set_defaults(handler=run_one_export)
         sp.add_argument("export", type=Path, help="nsys SQLite export")
         sp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
         if name == "stats":
             sp.add_argument(
                 "--report",
                 action="append",
-                default=None,
-                help="only this report (repeatable); default: all seven",
+                choices=REPORTS,
+                metavar="REPORT",
+                help=f"only this report (repeatable); default: all seven ({', '.join(REPORTS)})",
             )
         sp.add_argument("--timings", action="store_true", help="print per-step seconds")
         sp.add_argument(
@@ -42,122 +48,49 @@ def _parser() -> argparse.ArgumentParser:
             "they differ in NVTX range names and in round() of Avg/Med/StdDev",
         )
     cp = sub.add_parser("compare", help="A vs B per category and NVTX range")
+    cp.set_defaults(handler=run_compare)
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    ap = sub.add_parser("aggregate", help="summary.csv: one row per run")
+    ap.set_defaults(handler=run_aggregate)
+    ap.add_argument("--results", type=Path, required=True, help="results folder")
+    ap.add_argument("--runs", nargs="+", required=True, help="run names (folders in it)")
+    ap.add_argument("-o", "--output", type=Path, required=True, help="summary CSV to write")
+    pp = sub.add_parser("plots", help="the report's PNG figures")
+    pp.set_defaults(handler=run_plots)
+    pp.add_argument("--summary", type=Path, required=True, help="summary.csv (aggregate)")
+    pp.add_argument("--results", type=Path, required=True, help="results folder")
+    pp.add_argument("-o", "--outdir", type=Path, required=True, help="folder for the PNGs")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    fast = _lite_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if fast is not None:
-            return _run_lite(*fast)
-        return _run(_parser().parse_args(argv))
+        return args.handler(args)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _lite_args(argv: list[str]) -> tuple[str, str, list[str], str, bool] | None:
-    """``stats EXPORT -o DIR --report R ...`` with only numpy-free reports, parsed without
-    argparse (its import alone costs a fifth of such a run); None for anything else
-    (other commands, other reports, help, errors), which goes through argparse.
-    """
-    if len(argv) < 2 or argv[0] != "stats":
-        return None
-    export = output = None
-    reports: list[str] = []
-    version, timings = "2025", False
-    it = iter(argv[1:])
-    for arg in it:
-        opt, eq, val = arg.partition("=")
-        if opt in ("-o", "--output", "--report", "--nsys-version"):
-            if not eq:
-                val = next(it, None)  # type: ignore[assignment]
-                if val is None:
-                    return None
-            if opt == "--report":
-                reports.append(val)
-            elif opt == "--nsys-version":
-                version = val
-            else:
-                output = val
-        elif arg == "--timings":
-            timings = True
-        elif arg.startswith("-") or export is not None:
-            return None
-        else:
-            export = arg
-    from analysis.lite import LITE_REPORTS
-
-    if (
-        export is None
-        or output is None
-        or not reports
-        or not set(reports) <= LITE_REPORTS
-        or version not in ("2025", "2024")
-    ):
-        return None
-    return export, output, reports, version, timings
-
-
-def _run(args: argparse.Namespace) -> int:
-    import os
-
-    from analysis.lite import LITE_REPORTS
-
-    # numpy's OpenBLAS would start a thread pool at import (~60 ms on 2 cores); nothing
-    # here uses BLAS
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-
-    if args.command == "stats" and args.report and set(args.report) <= LITE_REPORTS:
-        return _run_lite(
-            str(args.export), str(args.output), args.report, args.nsys_version, args.timings
-        )
-    from analysis.export import Export
-
-    if args.command == "compare":
-        from analysis.compare import compare, format_table
-
-        result = compare(args.a, args.b, args.output)
-        print(format_table(result))
-        return 0
-    args.output.mkdir(parents=True, exist_ok=True)
+def run_one_export(args: argparse.Namespace) -> int:
+    """``stats``, ``extras`` or ``all`` on one export."""
     t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    args.output.mkdir(parents=True, exist_ok=True)
     with Export(args.export, nsys_version=args.nsys_version) as ex:
-        timings: dict[str, float] = {}
+        ctx = Context(ex)
         if args.command in ("stats", "all"):
-            from analysis.nsys_stats import NEEDS_RUNTIME, REPORTS, Context, run_reports
-
-            names = tuple(args.report) if getattr(args, "report", None) else REPORTS
-            unknown = [n for n in names if n not in REPORTS]
-            if unknown:
-                print(f"error: unknown report(s): {', '.join(unknown)}", file=sys.stderr)
-                return 2
-            ctx = Context(ex)
-            ex.prefer_full = len(names) > 1 or args.command == "all"
-            # the API table goes to a second process whenever this one has other tables to
-            # read meanwhile (projection reports also need kernels and NVTX)
-            wanted = set(names)
-            if (
-                wanted & {"nvtx_kern_sum", "nvtx_gpu_proj_sum"}
-                or (ex.prefer_full and wanted & NEEDS_RUNTIME)
-                or args.command == "all"
-            ):
-                ex.prefetch_runtime()
+            names = tuple(getattr(args, "report", None) or REPORTS)
+            prepare_reading(ex, names, with_extras=args.command == "all")
             for name in names:
                 t = time.perf_counter()
-                table = run_reports(ctx, (name,))[name]
-                table.write(args.output / f"{name}.csv")
+                run_reports(ctx, (name,))[name].write(args.output / f"{name}.csv")
                 timings[name] = time.perf_counter() - t
         if args.command in ("extras", "all"):
-            from analysis.metrics import write_extras
-
             t = time.perf_counter()
-            write_extras(ex, args.output, ctx if args.command == "all" else None)
+            write_extras(ex, args.output, ctx)
             timings["extras"] = time.perf_counter() - t
     if args.timings:
         for name, secs in timings.items():
@@ -166,16 +99,22 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_lite(export: str, output: str, reports: list[str], version: str, timings: bool) -> int:
-    """Small reports only: no numpy import (they finish before numpy would load)."""
-    import os
+def run_compare(args: argparse.Namespace) -> int:
+    print(format_table(compare(args.a, args.b, args.output)))
+    return 0
 
-    from analysis.lite import run_lite
 
-    t0 = time.perf_counter()
-    os.makedirs(output, exist_ok=True)
-    for name, table in run_lite(export, reports, version).items():
-        table.write(os.path.join(output, f"{name}.csv"))
-    if timings:
-        print(f"{'total':24s} {time.perf_counter() - t0:8.3f} s")
+def run_aggregate(args: argparse.Namespace) -> int:
+    from analysis.outputs.aggregate import write_summary  # pandas: only these two need it
+
+    table = write_summary(args.results, args.runs, args.output)
+    print(f"wrote {args.output}: {len(table)} runs x {len(table.columns)} columns")
+    return 0
+
+
+def run_plots(args: argparse.Namespace) -> int:
+    from analysis.outputs.plots import write_plots  # pandas + matplotlib: ~1 s of imports
+
+    paths = write_plots(args.summary, args.results, args.outdir)
+    print(f"wrote {len(paths)} plots to {args.outdir}")
     return 0

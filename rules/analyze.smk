@@ -41,7 +41,7 @@ rule aggregate:
     container:
         RULE_CONTAINER
     shell:
-        "{params.python} -m analysis.aggregate --results {params.results}"
+        "{params.python} -m analysis aggregate --results {params.results}"
         " --runs {params.runs} -o {output} > {log} 2>&1"
 
 

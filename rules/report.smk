@@ -27,5 +27,5 @@ rule plots:
     container:
         RULE_CONTAINER
     shell:
-        "{params.python} -m analysis.plots --summary {input.summary} --results {params.results}"
+        "{params.python} -m analysis plots --summary {input.summary} --results {params.results}"
         " -o {params.outdir} > {log} 2>&1"

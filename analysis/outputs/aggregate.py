@@ -3,12 +3,11 @@
 Reads each run's ``times.json`` (written by ``python -m workloads``) and
 ``stats/metrics.json`` (written by ``python -m analysis all``) under a results folder.
 
-    python -m analysis.aggregate --results results --runs RUN [RUN ...] -o results/summary.csv
+    python -m analysis aggregate --results results --runs RUN [RUN ...] -o results/summary.csv
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -58,17 +57,9 @@ def summary_table(results: Path, runs: list[str]) -> pd.DataFrame:
     return table[first + middle + provenance]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("--runs", nargs="+", required=True)
-    parser.add_argument("-o", "--output", type=Path, required=True)
-    args = parser.parse_args(argv)
-    table = summary_table(args.results, args.runs)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.output, index=False)
-    print(f"wrote {args.output}: {len(table)} runs x {len(table.columns)} columns")
-
-
-if __name__ == "__main__":
-    main()
+def write_summary(results: Path, runs: list[str], output: Path) -> pd.DataFrame:
+    """Write :func:`summary_table` as CSV to ``output``; return it."""
+    table = summary_table(results, runs)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(output, index=False)
+    return table
