@@ -17,18 +17,25 @@ Command line (``python -m analysis ...``):
   theoretical and est. achieved occupancy, limiter),
   ``gpu_utilization.csv`` (busy union, capture span, idle gaps per device),
   ``launch_overhead.csv`` (kernel start - launching API start, per API) and
-  ``metrics.json`` (see :func:`analysis.metrics.gpu.run_metrics`).
+  ``metrics.json`` (see :func:`analysis.metrics.extras.run_metrics`).
 * ``all EXPORT.sqlite -o DIR``: ``stats`` + ``extras`` in one process (the DB is read once).
 * ``compare A B -o DIR`` (each a .sqlite or a run folder with ``profile.sqlite``):
   ``compare_categories.csv``, ``compare_nvtx.csv``, ``compare_metrics.csv`` (A, B, B/A)
   and a printed table.
+* ``aggregate --results DIR --runs RUN ... -o summary.csv`` and
+  ``plots --summary summary.csv --results DIR -o PLOTDIR``: across runs (the pipeline).
 
-Library: :func:`analysis.metrics.gpu.run_metrics`, :func:`analysis.metrics.gpu.compute_extras`,
-:class:`analysis.export.Export`, :func:`analysis.nsys_stats.run_reports`,
-:func:`analysis.outputs.compare.compare`.  Errors: :class:`analysis.errors.ExportError`
-(a ``ValueError`` naming the file; the CLI prints it and exits 2).
+Stages, one subpackage each; imports flow one way, outputs -> metrics -> reports ->
+reading (map: docs/analysis.md):
 
-Definitions (statistics, rounding, NVTX projection, categories, tensor-core rules,
-occupancy formula, sources): docs/analysis.md.  Only sqlite3, numpy and the standard
-library are used (no pandas, no torch), so the package imports fast.
+* ``reading``: :class:`analysis.reading.Export` (an export's tables as numpy arrays);
+* ``reports``: :func:`analysis.reports.nsys_stats.run_reports` (the seven nsys tables);
+* ``metrics``: :func:`analysis.metrics.extras.compute_extras` / ``run_metrics``;
+* ``outputs``: :func:`analysis.outputs.compare.compare`, ``aggregate``, ``plots``.
+
+Errors: :class:`analysis.reading.ExportError` (a ``ValueError`` naming the file; the CLI
+prints it and exits 2).  Definitions (statistics, rounding, NVTX projection, categories,
+tensor-core rules, occupancy formula, sources): docs/analysis.md.  The per-run stages use
+only sqlite3, numpy and the standard library (no pandas, no torch); pandas and matplotlib
+are imported by ``aggregate`` and ``plots`` only.
 """

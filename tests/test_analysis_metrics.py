@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.categories import categorize, tensor_core_rule, uses_tensor_cores
-from analysis.errors import ExportError
-from analysis.export import Export
-from analysis.metrics.gpu import run_metrics, union_busy
-from analysis.occupancy import GpuLimits, occupancy
+from analysis.metrics.categories import categorize, tensor_core_rule, uses_tensor_cores
+from analysis.metrics.extras import run_metrics, union_busy
+from analysis.metrics.occupancy import GpuLimits, occupancy
+from analysis.reading import Export, ExportError
 from tests.analysis_fixtures import CPU, H100
 
 ROOT = Path(__file__).resolve().parents[1]

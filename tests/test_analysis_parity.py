@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from analysis.export import Export
-from analysis.nsys_stats import REPORTS, Context, run_reports
+from analysis.reading import Export
+from analysis.reports import REPORTS
+from analysis.reports.nsys_stats import Context, run_reports
 from tests.analysis_fixtures import FIXTURES, compare_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,15 @@ CASES = [
 ]
 
 
+def _differences(out: Path, stem: str, version: str, reports: Sequence[str]) -> list[str]:
+    """Differences of the CSVs in ``out`` from nsys ``version``'s CSVs for ``stem``."""
+    problems = []
+    for report in reports:
+        ref = FIXTURES / f"nsys{version}" / stem / f"{report}.csv"
+        problems += compare_report(out / f"{report}.csv", ref, report)
+    return problems
+
+
 def test_fixtures_present() -> None:
     # the reference (2025.3.1) CSVs must exist for every real H100 export
     for stem in (
@@ -56,14 +67,11 @@ def test_fixtures_present() -> None:
 @pytest.mark.parametrize(("stem", "version"), CASES, ids=[f"{s}-nsys{v}" for s, v in CASES])
 def test_stats_parity(stem: str, version: str, reader: str, tmp_path: Path) -> None:
     # reader: big tables read from the file itself (default) or through SQL (fallback)
-    with Export(EXPORTS[stem], nsys_version=version) as ex:
-        ex.raw_reader = reader == "file"
+    with Export(EXPORTS[stem], nsys_version=version, read_pages=reader == "file") as ex:
         tables = run_reports(Context(ex))
-    problems = []
     for report in REPORTS:
         tables[report].write(tmp_path / f"{report}.csv")
-        ref = FIXTURES / f"nsys{version}" / stem / f"{report}.csv"
-        problems += compare_report(tmp_path / f"{report}.csv", ref, report)
+    problems = _differences(tmp_path, stem, version, REPORTS)
     assert not problems, "\n".join(problems)
 
 
@@ -75,18 +83,15 @@ def test_cli_stats_writes_seven_csvs(tmp_path: Path) -> None:
         check=True,
         cwd=ROOT,
     )
-    problems = []
-    for report in REPORTS:
-        ref = FIXTURES / "nsys2025" / stem / f"{report}.csv"
-        problems += compare_report(out / f"{report}.csv", ref, report)
+    problems = _differences(out, stem, "2025", REPORTS)
     assert not problems, "\n".join(problems)
 
 
 def test_cli_single_report_with_prefetch(tmp_path: Path) -> None:
     # the forked API-table prefetch path, forced on a small export
     stem = "attention_simple_vs_sdpa_nsys2025.3.1"
-    with Export(EXPORTS[stem]) as ex:
-        ex.raw_reader = False  # the file reader loads the table at once, without a fork
+    # the page decoder would load the table in a thread, without a fork
+    with Export(EXPORTS[stem], read_pages=False) as ex:
         ex.prefetch_runtime(min_rows=0)
         table = run_reports(Context(ex), ("cuda_api_sum",))["cuda_api_sum"]
     table.write(tmp_path / "cuda_api_sum.csv")
@@ -106,15 +111,25 @@ def test_cpu_only_export_gives_header_only_csvs(tmp_path: Path) -> None:
         assert len(lines) == 1 and lines[0].count(",") >= 7, report
 
 
-@pytest.mark.parametrize(("stem", "version"), CASES, ids=[f"{s}-nsys{v}" for s, v in CASES])
-def test_lite_reports_parity(stem: str, version: str, tmp_path: Path) -> None:
-    # numpy-free implementations used when only small reports are requested
-    from analysis.lite import LITE_REPORTS, run_lite
-
-    tables = run_lite(EXPORTS[stem], sorted(LITE_REPORTS), version)
-    problems = []
-    for report, table in tables.items():
-        table.write(tmp_path / f"{report}.csv")
-        ref = FIXTURES / f"nsys{version}" / stem / f"{report}.csv"
-        problems += compare_report(tmp_path / f"{report}.csv", ref, report)
+def test_cli_chosen_reports_only(tmp_path: Path) -> None:
+    # --report (repeatable) writes just those reports, with the 2024.2.3 naming asked for
+    stem, out = "attention_simple_vs_sdpa_nsys2024.2.3", tmp_path / "out"
+    chosen = ["nvtx_sum", "cuda_gpu_mem_size_sum"]
+    cmd = [sys.executable, "-m", "analysis", "stats", str(EXPORTS[stem]), "-o", str(out),
+           "--nsys-version", "2024"]  # fmt: skip
+    for r in chosen:
+        cmd += ["--report", r]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    assert sorted(p.stem for p in out.iterdir()) == sorted(chosen)
+    problems = _differences(out, stem, "2024", chosen)
     assert not problems, "\n".join(problems)
+
+
+def test_cli_unknown_report_is_a_one_line_error(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "analysis", "stats", str(EXPORTS["cpu_no_nvtx"]), "-o",
+         str(tmp_path), "--report", "cuda_gpu_kern"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "invalid choice: 'cuda_gpu_kern'" in res.stderr and "Traceback" not in res.stderr

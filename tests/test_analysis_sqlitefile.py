@@ -1,4 +1,4 @@
-"""The direct SQLite file reader (analysis.sqlitefile) returns what SQL returns, or None."""
+"""The direct SQLite file reader (analysis.reading.sqlitefile) returns what SQL returns, or None."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.sqlitefile import NULL, read_columns
+from analysis.reading.sqlitefile import NULL, read_columns
 from tests.analysis_fixtures import H100
 
 TABLES = (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.export import Export
+from analysis.reading.export import Export
 from analysis.metrics.phases import PHASES, phase_summary, phase_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h100"

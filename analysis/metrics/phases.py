@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.export import Export
-from analysis.nvtx import PID_MASK, match_runtime
+from analysis.reading.export import Export
+from analysis.reports.nvtx import PID_MASK, match_runtime
 
 STEP_RANGE = "profiled_step"
 PHASES = ("forward_pass", "loss_computation", "backward_pass", "optimizer_step")

@@ -12,12 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.categories import CATEGORIES
-from analysis.errors import ExportError
-from analysis.export import Export
-from analysis.fmt import Table
-from analysis.metrics.gpu import compute_extras
-from analysis.nsys_stats import Context, report_nvtx_sum
+from analysis.metrics.categories import CATEGORIES
+from analysis.metrics.extras import compute_extras
+from analysis.reading import Export, ExportError
+from analysis.reports.fmt import Table
+from analysis.reports.nsys_stats import Context, report_nvtx_sum
 
 RUN_EXPORT = "profile.sqlite"
 

@@ -1,11 +1,10 @@
 """The report's figures, from the aggregated summary and each run's NVTX summary.
 
-    python -m analysis.plots --summary results/summary.csv --results results -o results/plots
+    python -m analysis plots --summary results/summary.csv --results results -o results/plots
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 CATEGORY_PREFIX = "category_time_ns_"
+#: the figures, in the order write_plots draws them (rules/report.smk lists the same)
+PLOTS = ("step_time", "kernel_categories", "gpu_utilization", "nvtx_phases")
 PHASES = ["forward_pass", "loss_computation", "backward_pass", "optimizer_step"]
 
 
@@ -119,20 +120,13 @@ def plot_nvtx_phases(summary: pd.DataFrame, results: Path, path: Path) -> None:
     _finish(fig, ax, path, "ms per measured step", title)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--summary", type=Path, required=True)
-    parser.add_argument("--results", type=Path, required=True)
-    parser.add_argument("-o", "--outdir", type=Path, required=True)
-    args = parser.parse_args(argv)
-    args.outdir.mkdir(parents=True, exist_ok=True)
-    summary = pd.read_csv(args.summary)
-    plot_step_time(summary, args.outdir / "step_time.png")
-    plot_kernel_categories(summary, args.outdir / "kernel_categories.png")
-    plot_gpu_utilization(summary, args.outdir / "gpu_utilization.png")
-    plot_nvtx_phases(summary, args.results, args.outdir / "nvtx_phases.png")
-    print(f"wrote 4 plots to {args.outdir}")
-
-
-if __name__ == "__main__":
-    main()
+def write_plots(summary_csv: Path, results: Path, outdir: Path) -> list[Path]:
+    """All figures of the report into ``outdir``; returns their paths."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    summary = pd.read_csv(summary_csv)
+    paths = [outdir / f"{name}.png" for name in PLOTS]
+    plot_step_time(summary, paths[0])
+    plot_kernel_categories(summary, paths[1])
+    plot_gpu_utilization(summary, paths[2])
+    plot_nvtx_phases(summary, results, paths[3])
+    return paths

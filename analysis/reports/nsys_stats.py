@@ -8,23 +8,18 @@ statistics, rounding, column names and ORDER BY.  Where the report script would 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from analysis import fmt
-from analysis.export import KERNEL, MEMCPY, MEMSET, NULL, NVTX, RUNTIME, Export
-from analysis.fmt import Table
-from analysis.groupstats import (
-    GroupStats,
-    codes_for,
-    dense_codes,
-    densify,
-    distinct_count,
-    group_stats,
-)
-from analysis.nvtx import (
+from analysis.reading.codes import dense_codes, densify
+from analysis.reading.export import KERNEL, MEMCPY, MEMSET, NULL, NVTX, RUNTIME, Export
+from analysis.reports import fmt
+from analysis.reports.catalogue import HEADERS, REPORTS
+from analysis.reports.fmt import Table
+from analysis.reports.groupstats import GroupStats, codes_for, distinct_count, group_stats
+from analysis.reports.nvtx import (
     OpProjection,
     ProjRanges,
     levels,
@@ -34,7 +29,6 @@ from analysis.nvtx import (
     style_of,
     thread_codes,
 )
-from analysis.reports import DUR_STATS, HEADERS, REPORTS  # noqa: F401 (re-exported)
 
 NEEDS_RUNTIME = {"nvtx_kern_sum", "nvtx_gpu_proj_sum", "cuda_api_sum"}
 
@@ -196,39 +190,30 @@ def _memops(ex: Export) -> tuple[list[str], np.ndarray, np.ndarray] | None:
 
 
 def report_cuda_gpu_mem_time_sum(ctx: Context) -> Table:
-    ops = _memops(ctx.ex)
-    if ops is None:
-        return _empty("cuda_gpu_mem_time_sum")
-    names, durs, _ = ops
-    codes, labels = codes_for(names)
-    st = group_stats(codes, durs)
-    glabels = [str(labels[g]) for g in st.group.tolist()]
-    order = _order_total_desc(st, glabels)
-    return _summary_table(
-        "cuda_gpu_mem_time_sum", st, order, [fmt.text(glabels[i] for i in order)]
-    )
+    return _memop_report(ctx, "cuda_gpu_mem_time_sum")
 
 
 def report_cuda_gpu_mem_size_sum(ctx: Context) -> Table:
+    return _memop_report(ctx, "cuda_gpu_mem_size_sum")
+
+
+def _memop_report(ctx: Context, name: str) -> Table:
+    """GPU MemOps by time (durations in ns) or by size (bytes printed in MB)."""
     ops = _memops(ctx.ex)
     if ops is None:
-        return _empty("cuda_gpu_mem_size_sum")
-    names, _, sizes = ops
-    codes, labels = codes_for(names)
-    st = group_stats(codes, sizes)
-    glabels = [str(labels[g]) for g in st.group.tolist()]
+        return _empty(name)
+    labels, durs, sizes = ops
+    by_size = name == "cuda_gpu_mem_size_sum"
+    codes, uniq = codes_for(labels)
+    st = group_stats(codes, sizes if by_size else durs)
+    glabels = [str(uniq[g]) for g in st.group.tolist()]
     order = _order_total_desc(st, glabels)
-    cols = [
-        fmt.megabytes(st.total[order]),
-        fmt.ints(st.count[order]),
-        fmt.megabytes(st.mean[order]),
-        fmt.megabytes(st.median[order]),
-        fmt.megabytes(st.min[order]),
-        fmt.megabytes(st.max[order]),
-        fmt.megabytes(st.std[order]),
-        fmt.text(glabels[i] for i in order),
-    ]
-    return Table.from_columns(HEADERS["cuda_gpu_mem_size_sum"], cols)
+    operation = [fmt.text(glabels[i] for i in order)]
+    if not by_size:
+        return _summary_table(name, st, order, operation)
+    mb = [fmt.megabytes(v[order]) for v in (st.total, st.mean, st.median, st.min, st.max, st.std)]
+    cols = [mb[0], fmt.ints(st.count[order]), *mb[1:], *operation]
+    return Table.from_columns(HEADERS[name], cols)
 
 
 # -- nvtx_sum ---------------------------------------------------------------------------
@@ -424,7 +409,26 @@ BUILDERS: dict[str, Callable[[Context], Table]] = {
 }
 
 
-def run_reports(ctx: Context, names: tuple[str, ...] = REPORTS) -> dict[str, Table]:
+def prepare_reading(ex: Export, names: Sequence[str], with_extras: bool = False) -> None:
+    """Tell ``ex`` how these reports (and the extras) will read it.
+
+    Several reports: load whole tables once rather than the few columns each needs (with
+    the extras: the kernels' launch configuration too, for one pass over them).  The
+    CUDA API table (the largest) is loaded in the background whenever this process has
+    other tables to read meanwhile (the projection reports also need kernels and NVTX).
+    """
+    ex.prefer_full = len(names) > 1 or with_extras
+    ex.with_launch_config = with_extras
+    wanted = set(names)
+    if (
+        wanted & {"nvtx_kern_sum", "nvtx_gpu_proj_sum"}
+        or (ex.prefer_full and wanted & NEEDS_RUNTIME)
+        or with_extras
+    ):
+        ex.prefetch_runtime()
+
+
+def run_reports(ctx: Context, names: Sequence[str] = REPORTS) -> dict[str, Table]:
     """Compute the named nsys reports (default: all seven).
 
     Names and rounding follow the export's ``nsys_version`` reference version.

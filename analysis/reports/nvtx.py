@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.export import NULL, NVTX_PUSHPOP_TYPES, Export, NvtxEvents
+from analysis.reading.export import NULL, NVTX_PUSHPOP_TYPES, Export, NvtxEvents
 
 PID_MASK = np.int64(-16777216)  # 0xFFFFFFFFFF000000 as int64: VM id + process id bits
 

@@ -1,4 +1,7 @@
-"""Metrics beyond ``nsys stats``: categories, tensor cores, occupancy, utilization, launch.
+"""The extras: what ``nsys stats`` lacks, per run (``python -m analysis extras``).
+
+Kernel categories, tensor cores, occupancy, utilization and launch overhead tables, and
+the headline metrics written to ``metrics.json``.
 
 Library entry points: :func:`run_metrics` (the dict written to ``metrics.json``),
 :func:`compute_extras` (all extra tables + metrics) and :func:`write_extras`.
@@ -15,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis import fmt
-from analysis.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_core_rule
-from analysis.export import KERNEL, Export
-from analysis.fmt import Table
-from analysis.groupstats import dense_codes, group_stats
+from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_core_rule
+from analysis.metrics.occupancy import GpuLimits, occupancy
+from analysis.reading.codes import dense_codes
+from analysis.reading.export import Export
+from analysis.reports import fmt
+from analysis.reports.fmt import Table
+from analysis.reports.groupstats import group_stats
 from analysis.metrics.phases import write_phase_table
-from analysis.nsys_stats import Context
-from analysis.nvtx import match_runtime, project_ops
-from analysis.occupancy import GpuLimits, occupancy
+from analysis.reports.nsys_stats import Context
 
 EXTRA_CSVS: tuple[str, ...] = (
     "kernel_categories.csv",
@@ -122,13 +125,13 @@ def category_table(ops: _GpuOps) -> tuple[Table, dict[str, int | None]]:
     return Table(header, rows), values
 
 
-def nvtx_category_table(ex: Export, ctx: Context, ops: _GpuOps) -> Table:
+def nvtx_category_table(ctx: Context, ops: _GpuOps) -> Table:
     """GPU time per (NVTX range name, category); ops counted once per range name."""
     header = ["NVTX Range", "Style", "Category", "Total Time (ns)", "Instances"]
     ranges = ctx.ranges()
     if ranges is None or ops.start.size == 0:
         return Table(header)
-    proj = project_ops(ex, ranges, ops.corr, ops.gpid)
+    proj = ctx.ops_projection()  # the same ops in the same order: kernels, memcpy, memset
     if proj.pair_range.size == 0:
         return Table(header)
     style = np.array([s == "StartEnd" for s in ranges.style], np.int64)
@@ -310,14 +313,14 @@ def utilization_table(ops: _GpuOps) -> tuple[Table, dict[str, object]]:
     return Table(header, rows), summary
 
 
-def launch_table(ex: Export) -> tuple[Table, float | None]:
+def launch_table(ex: Export, ctx: Context) -> tuple[Table, float | None]:
     """Kernel start minus launching API call start, per API name."""
     header = ["API", "Kernels", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)", "P90 (ns)"]
     k = ex.kernels()
     rt = ex.runtime()
     if k["start"].size == 0 or rt["start"].size == 0:
         return Table(header), None
-    api = match_runtime(rt["correlationId"], rt["globalTid"], k["correlationId"], k["globalPid"])
+    api = ctx.kernel_projection().api_index  # launching API row per kernel, or -1
     ok = api >= 0
     delay = k["start"][ok] - rt["start"][api[ok]]
     if delay.size == 0:
@@ -346,14 +349,14 @@ def compute_extras(ex: Export, ctx: Context | None = None) -> Extras:
     ops = _gpu_ops(ex, ctx)
     cat_table, cat_values = category_table(ops)
     out.tables["kernel_categories.csv"] = cat_table
-    out.tables["nvtx_categories.csv"] = nvtx_category_table(ex, ctx, ops)
+    out.tables["nvtx_categories.csv"] = nvtx_category_table(ctx, ops)
     tc_table, tc_share = tensor_core_table(ex, ctx)
     out.tables["tensor_core.csv"] = tc_table
     occ_table, sm_eff, theo, gpu = occupancy_table(ex, ctx)
     out.tables["kernel_occupancy.csv"] = occ_table
     util_table, util = utilization_table(ops)
     out.tables["gpu_utilization.csv"] = util_table
-    launch, launch_med = launch_table(ex)
+    launch, launch_med = launch_table(ex, ctx)
     out.tables["launch_overhead.csv"] = launch
     k = ex.kernels()
     n_kernels = int(k["start"].size)
@@ -390,13 +393,13 @@ def run_metrics(sqlite_path: str | os.PathLike[str]) -> dict[str, object]:
     * ``launch_overhead_median_ns``: median over kernels of kernel start - start of the
       CUDA API call that launched it (matched by correlationId within the process).
     * ``tensor_core_share``: kernel time of kernels whose names match the tensor-core
-      rules (analysis.categories) / ``kernel_time_ns``.
+      rules (analysis.metrics.categories) / ``kernel_time_ns``.
     * ``sm_efficiency``: sum(min(blocks / SMs, 1) * duration) / sum(duration) over kernels.
     * ``theoretical_occupancy``: duration-weighted mean of the CUDA occupancy
       calculator's active warps / max warps per SM.
     * ``gpu_name``, ``compute_capability`` ("9.0"): from TARGET_INFO_GPU.
     * ``category_time_ns.<Category>``: GPU time per category (kernels; memcpy/memset
-      records count in CopyMemset), for every category in analysis.categories.CATEGORIES.
+      records count in CopyMemset), for every category in analysis.metrics.categories.CATEGORIES.
     """
     with Export(sqlite_path) as ex:
         return compute_extras(ex).metrics
@@ -418,4 +421,4 @@ def write_extras(
     return extras.metrics
 
 
-__all__ = ["EXTRA_CSVS", "KERNEL", "compute_extras", "run_metrics", "write_extras"]
+__all__ = ["EXTRA_CSVS", "compute_extras", "run_metrics", "write_extras"]

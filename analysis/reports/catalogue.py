@@ -1,7 +1,7 @@
 """The 7 `nsys stats` reports profbench reproduces: their names and CSV columns.
 
-Kept free of heavy imports: the small-report path (analysis.lite) and the pipeline's
-Snakefile read it without loading numpy.
+Free of imports: the pipeline's Snakefile reads it (``from analysis.reports import
+REPORTS``) without loading numpy.
 """
 
 from __future__ import annotations

@@ -13,30 +13,27 @@
 
 from __future__ import annotations
 
+import csv
 import math
-
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~5 ms
-if TYPE_CHECKING:  # type hints only: keep the small-report start-up free of these imports
-    from collections.abc import Iterable, Sequence
-    from pathlib import Path
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
 
 #: rounding of the reference nsys version, see :func:`reference`
 _MODE = {"version": "2025"}
 
 
-class reference:  # noqa: N801 (used as a function: ``with fmt.reference("2024"):``)
-    """Format as nsys ``version`` ("2025" = 2025.3.1, "2024" = 2024.2.3) does."""
-
-    def __init__(self, version: str) -> None:
-        self.version = version
-        self.old = _MODE["version"]
-
-    def __enter__(self) -> None:
-        self.old = _MODE["version"]
-        _MODE["version"] = self.version
-
-    def __exit__(self, *exc: object) -> None:
-        _MODE["version"] = self.old
+@contextmanager
+def reference(version: str) -> Iterator[None]:
+    """Format as nsys ``version`` ("2025" = 2025.3.1, "2024" = 2024.2.3) does, inside
+    ``with fmt.reference(version):``."""
+    old = _MODE["version"]
+    _MODE["version"] = version
+    try:
+        yield
+    finally:
+        _MODE["version"] = old
 
 
 def _floats(values: Iterable[float]) -> list[float]:
@@ -57,8 +54,6 @@ def round1(values: Iterable[float]) -> list[str]:
         if abs(frac - 0.5) > 1e-6:  # not near a tie: plain float rounding is exact enough
             out.append(f"{math.floor(scaled + 0.5) / 10.0:.1f}")
             continue
-        from decimal import ROUND_HALF_UP, Decimal  # rare (ties only): imported lazily
-
         dec = Decimal(x) if exact else Decimal(repr(x))
         out.append(f"{dec.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP):f}")
     return out
@@ -103,31 +98,12 @@ class Table:
         return cls(header, rows)
 
     def write(self, path: str | Path) -> None:
-        """CSV as ``csv.writer(fh, lineterminator="\\n")`` writes it (minimal quoting)."""
-        lines = [_csv_line(self.header), *map(_csv_line, self.rows)]
+        """CSV with minimal quoting, ``\\n`` line ends (as ``nsys stats --format csv``)."""
         with open(path, "w", newline="", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(self.header)
+            writer.writerows(self.rows)
 
     def __len__(self) -> int:
         return len(self.rows)
 
-
-def _csv_field(v: str) -> str:
-    if "," in v or '"' in v or "\n" in v:
-        return '"' + v.replace('"', '""') + '"'
-    return v
-
-
-def _csv_line(row: Sequence[str]) -> str:
-    """One CSV line with the csv module's QUOTE_MINIMAL rules (the csv import costs more
-    than the small reports themselves)."""
-    if len(row) == 1 and row[0] == "":
-        return '""'
-    try:
-        line = ",".join(row)
-    except TypeError:  # non-str cells: as csv writes them (None -> empty)
-        row = ["" if v is None else str(v) for v in row]
-        line = ",".join(row)
-    if '"' in line or "\n" in line or line.count(",") != len(row) - 1:
-        return ",".join(map(_csv_field, row))
-    return line
