@@ -44,6 +44,7 @@ def analyse(export: Path, stats: Path) -> None:
                    cwd=REPO, check=True, capture_output=True)
     if not (stats / "phase_gpu_time.csv").exists():
         from analysis.export import Export
+
         from analysis.metrics.phases import phase_table
 
         with Export(export) as ex:

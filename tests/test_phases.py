@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.reading.export import Export
 from analysis.metrics.phases import PHASES, phase_summary, phase_table
+from analysis.reading.export import Export
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h100"
 TRAIN = ["gpt_small_train_fp32_ctx512", "gpt_small_train_bf16_ctx512"]

@@ -20,12 +20,12 @@ import numpy as np
 
 from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_core_rule
 from analysis.metrics.occupancy import GpuLimits, occupancy
+from analysis.metrics.phases import write_phase_table
 from analysis.reading.codes import dense_codes
 from analysis.reading.export import Export
 from analysis.reports import fmt
 from analysis.reports.fmt import Table
 from analysis.reports.groupstats import group_stats
-from analysis.metrics.phases import write_phase_table
 from analysis.reports.nsys_stats import Context
 
 EXTRA_CSVS: tuple[str, ...] = (
