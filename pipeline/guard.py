@@ -1,0 +1,395 @@
+"""Run one job's command and always leave a result JSON: a failed run is a result row, not a
+crashed pipeline.
+
+    python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N]
+                             [--expect FILE ...] [--run NAME] -- CMD ARGS...
+
+CMD runs in its own process group; its stdout/stderr stream through to the guard's (the job
+log). RESULT.json ends up with a ``status``:
+
+* the command's own (it wrote RESULT.json with a ``status``: ok | oom | unsupported | error),
+  kept as written plus ``returncode`` and ``elapsed_s``;
+* ``timeout``: it ran past --timeout-s; the whole group got SIGTERM, then SIGKILL after
+  --grace-s;
+* ``oom``: it was SIGKILLed (the kernel's OOM killer), exited 3 (the workloads' OOM code) or
+  its output ends with an out-of-memory message;
+* ``unsupported``: it exited 4 (the workloads' code) without writing a status;
+* ``error``: anything else, with the last lines of its output as ``message``; also when it
+  succeeded but an --expect file is missing, empty, or (``*.sqlite``) not a complete nsys
+  export.
+
+Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
+errors; 128+N when the guard itself got signal N (SIGINT/SIGTERM/SIGHUP): the signal goes to
+the command's group, and no RESULT.json is left, so Snakemake sees an incomplete job and
+reruns it. RESULT.json is written atomically (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+DEFAULT_GRACE_S = 10.0
+TAIL_LINES = 200  # kept from the command's output, to classify the failure
+MESSAGE_LINES = 12  # of those, how many go into an error's message
+# The workloads' exit codes for a result they could not produce (workloads/__main__.py).
+EXIT_OOM, EXIT_UNSUPPORTED = 3, 4
+# How a failure says "out of memory": Python, glibc, PyTorch (CPU and CUDA), C++, and how
+# nsys or a shell reports a target killed by SIGKILL (the kernel's OOM killer).
+OOM_OUTPUT = re.compile(
+    r"out of memory|can(?:no|')t allocate memory|MemoryError|std::bad_alloc"
+    r"|\bKilled\b|signal 9\b|SIGKILL",
+    re.IGNORECASE,
+)
+# Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
+NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class Interrupted(Exception):
+    """The guard itself received a stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class Outcome:
+    """How the command ended."""
+
+    returncode: int
+    elapsed_s: float
+    timed_out: bool
+    tail: collections.deque[str] = field(default_factory=collections.deque)
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed the command (directly, or a shell's 128+N), if any."""
+        if self.returncode < 0:
+            return _signal_name(-self.returncode)
+        if self.returncode > 128 and self.returncode - 128 < signal.NSIG:
+            return _signal_name(self.returncode - 128)
+        return None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# --- running the command ----------------------------------------------------------------------
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> threading.Thread:
+    """Copy a child's pipe to our own stream as it comes, keeping its last lines."""
+
+    def copy() -> None:
+        for line in iter(source.readline, b""):
+            sink.write(line)
+            sink.flush()
+            tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+        source.close()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass  # the group is already gone
+
+
+def _stop_group(proc: subprocess.Popen[bytes], signum: int, grace_s: float) -> None:
+    """`signum` to the whole group, then SIGKILL to what is left after the grace period."""
+    _signal_group(proc, signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+def _drain(proc: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
+    """Wait for the output to end; processes of the group that outlive the command and hold
+    its pipes open are killed, or the guard would wait for them forever."""
+    for pump in pumps:
+        pump.join(timeout=5)
+    if any(p.is_alive() for p in pumps):
+        _signal_group(proc, signal.SIGKILL)
+        for pump in pumps:
+            pump.join()
+
+
+def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
+                running: list[subprocess.Popen[bytes]]) -> Outcome:
+    """Run `cmd` in its own process group, streaming its output; kill it on timeout.
+    The running process is put in `running`, so a signal handler can stop its group."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    running.append(proc)
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps = [_pump(proc.stdout, sys.stdout.buffer, tail),
+             _pump(proc.stderr, sys.stderr.buffer, tail)]
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _stop_group(proc, signal.SIGTERM, grace_s)
+    _drain(proc, pumps)
+    running.remove(proc)
+    return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out, tail)
+
+
+# --- judging the outcome ----------------------------------------------------------------------
+
+
+def _read_own_result(path: Path) -> dict[str, Any] | None:
+    """The command's own result, if it wrote a complete one (a JSON object with a status)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("status"), str) else None
+
+
+def _last_lines(tail: collections.deque[str]) -> str:
+    lines = [line for line in tail if line.strip()]
+    return "\n".join(lines[-MESSAGE_LINES:])
+
+
+def _how_it_ended(outcome: Outcome) -> str:
+    name = outcome.signal_name
+    if outcome.returncode < 0:
+        return f"killed by {name}"
+    return f"exited with code {outcome.returncode}" + (f" ({name})" if name else "")
+
+
+def _oom_evidence(outcome: Outcome) -> str | None:
+    """Why the failed command looks like it ran out of memory, or None."""
+    if outcome.signal_name == "SIGKILL":
+        return "killed by SIGKILL (the kernel's OOM killer)"
+    if outcome.returncode == EXIT_OOM:
+        return f"exited with code {EXIT_OOM} (out of memory)"
+    for line in reversed(outcome.tail):
+        if OOM_OUTPUT.search(line):
+            return line.strip()
+    return None
+
+
+def classify_failure(outcome: Outcome) -> dict[str, Any]:
+    """The result of a command that left no status of its own."""
+    if outcome.returncode == 0:
+        return {"status": "ok"}
+    oom = _oom_evidence(outcome)
+    if oom:
+        return {"status": "oom", "message": oom}
+    how = _how_it_ended(outcome)
+    if outcome.returncode == EXIT_UNSUPPORTED:
+        return {"status": "unsupported", "message": f"{how}: {_last_lines(outcome.tail)}"}
+    output = _last_lines(outcome.tail)
+    return {"status": "error", "message": f"{how}; last output:\n{output}" if output else how}
+
+
+def _timeout_result(timeout_s: float) -> dict[str, Any]:
+    return {"status": "timeout",
+            "message": f"exceeded timeout_min={timeout_s / 60:g} ({timeout_s:g} s)"}
+
+
+def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None) -> dict[str, Any]:
+    """The result: timeout first, then the command's own status, else what its exit says."""
+    if outcome.timed_out:
+        assert timeout_s is not None
+        result = {**(own or {}), **_timeout_result(timeout_s)}
+    elif own is not None:
+        result = dict(own)
+        if own["status"] == "ok" and outcome.returncode != 0:
+            # The workload finished but the wrapper around it (nsys) failed afterwards.
+            output = _last_lines(outcome.tail)
+            result.update(status="error",
+                          message=f"{_how_it_ended(outcome)} after the run reported ok; "
+                                  f"last output:\n{output}")
+    else:
+        result = classify_failure(outcome)
+    result.update(returncode=outcome.returncode, elapsed_s=outcome.elapsed_s)
+    if outcome.signal_name and outcome.returncode < 0:
+        result["signal"] = outcome.signal_name
+    return result
+
+
+# --- expected files ---------------------------------------------------------------------------
+
+
+def _sqlite_truncation(path: Path) -> str | None:
+    """A problem with the SQLite header or the file's length, or None. The header's page count
+    is valid when its version-valid-for number equals the change counter (SQLite file format,
+    section 1.3.7): a file shorter than that many pages was cut off."""
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return "is not an SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counter_valid = header[24:28] == header[92:96]
+    size = path.stat().st_size
+    if counter_valid and pages and size < pages * page_size:
+        return f"is truncated ({size} of {pages * page_size} bytes)"
+    return None
+
+
+def check_nsys_export(path: Path) -> str | None:
+    """Why `path` is not a complete nsys SQLite export, or None."""
+    problem = _sqlite_truncation(path)
+    if problem:
+        return f"{path.name} {problem}"
+    try:
+        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+            for table in NSYS_EXPORT_TABLES:
+                if table not in tables:
+                    return f"{path.name}: export lacks table {table}"
+                con.execute(f"SELECT * FROM {table} LIMIT 1").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return f"{path.name} is not a readable SQLite database ({e})"
+    return None
+
+
+def check_expected(paths: list[Path], producer: str) -> str | None:
+    """Why the expected outputs are not all there and sound, or None."""
+    for path in paths:
+        if not path.exists():
+            return f"{producer} produced no {path.name} ({path})"
+        if path.stat().st_size == 0:
+            return f"{producer} produced an empty {path.name} ({path})"
+        if path.suffix == ".sqlite":
+            problem = check_nsys_export(path)
+            if problem:
+                return problem
+    return None
+
+
+# --- writing the result -----------------------------------------------------------------------
+
+
+def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON to a temporary file next to `path`, then rename it into place: a reader
+    sees the old file, no file, or the complete new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.guard",
+        description="Run CMD and always write RESULT.json with its status.",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the result JSON")
+    parser.add_argument("--timeout-s", type=float, help="stop CMD after this many seconds")
+    parser.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S,
+                        help="between SIGTERM and SIGKILL (default %(default)s)")
+    parser.add_argument("--expect", nargs="+", type=Path, default=[], metavar="FILE",
+                        help="files a successful CMD must leave (non-empty; nsys exports)")
+    parser.add_argument("--run", help="the run's name, recorded in the result")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    if args.cmd[:1] == ["--"]:
+        args.cmd = args.cmd[1:]
+    if not args.cmd:
+        parser.error("no command given (put it after --)")
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        parser.error(f"--timeout-s must be positive, not {args.timeout_s:g}")
+    return args
+
+
+def _install_stop_handlers() -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; repeats wait for the first to finish."""
+    received: list[int] = []
+
+    def handle(signum: int, _frame: object) -> None:
+        if not received:
+            received.append(signum)
+            raise Interrupted(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, handle)
+
+
+def guarded_result(args: argparse.Namespace,
+                   running: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """Run the command and judge it."""
+    try:
+        outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running)
+    except OSError as e:  # not found, not executable: still a result
+        return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
+                "returncode": None, "elapsed_s": 0.0}
+    result = judge(outcome, _read_own_result(args.out), args.timeout_s)
+    if result["status"] == "ok":
+        problem = check_expected(args.expect, Path(args.cmd[0]).name)
+        if problem:
+            result.update(status="error", message=problem)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    running: list[subprocess.Popen[bytes]] = []
+    _install_stop_handlers()
+    try:
+        args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
+        result = guarded_result(args, running)
+        if args.run:
+            result.setdefault("run", args.run)
+        write_atomically(args.out, result)
+    except Interrupted as stop:
+        for proc in running:
+            _stop_group(proc, stop.signum, args.grace_s)
+        args.out.unlink(missing_ok=True)  # an interrupted run has no result
+        print(f"guard: interrupted by {stop}; the command's process group was stopped and "
+              f"no result was written", file=sys.stderr)
+        return 128 + stop.signum
+    print(f"guard: {args.run or args.cmd[0]}: {result['status']} "
+          f"(exit {result['returncode']}, {result['elapsed_s']} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
