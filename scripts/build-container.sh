@@ -142,7 +142,7 @@ fi
 trap 'rm -rf "$ctx" "$ctx.tmp" "$image.tmp"' EXIT
 optional=(); [ -f "$ROOT/README.md" ] && optional=(README.md)
 (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - containers/profbench.def \
-   pyproject.toml scripts/install-nsys.sh workloads analysis "${optional[@]}") \
+   pyproject.toml scripts/install-nsys.sh workloads analysis pipeline "${optional[@]}") \
   | tar -xf - -C "$ctx"
 [ -f "$ctx/README.md" ] || : > "$ctx/README.md"   # pyproject's readme; not needed to run
 
