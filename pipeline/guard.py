@@ -100,10 +100,15 @@ def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> t
     """Copy a child's pipe to our own stream as it comes, keeping its last lines."""
 
     def copy() -> None:
+        sink_open = True
         for line in iter(source.readline, b""):
-            sink.write(line)
-            sink.flush()
             tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+            if sink_open:
+                try:
+                    sink.write(line)
+                    sink.flush()
+                except OSError:  # our reader went away: keep draining, or the child blocks
+                    sink_open = False
         source.close()
 
     thread = threading.Thread(target=copy, daemon=True)

@@ -196,3 +196,16 @@ def test_command_that_cannot_start_is_an_error(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert result(out)["message"] == (f"cannot run {tmp_path / 'no-such-program'}: "
                                       "No such file or directory")
+
+
+def test_reader_that_goes_away_does_not_block_the_command(tmp_path: Path) -> None:
+    """Output keeps draining when the guard's own stdout is closed (e.g. `| head`)."""
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([PY, "-m", "pipeline.guard", "--out", str(out), "--", PY, "-c",
+                             "for i in range(200000): print('line', i)"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0
+    assert result(out)["status"] == "ok"
