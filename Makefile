@@ -21,7 +21,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-run: setup
+# The checks first (standard library only): a machine without a GPU or apptainer is told at
+# once, before the venv is set up or an image is built.
+run:
+	python3 -m pipeline.checks --gpu --apptainer \
+	  --why "make run profiles the default GPU matrix (config.yaml) in the CUDA image"
+	$(MAKE) setup
 	$(SNAKEMAKE) --cores $(CORES) --use-singularity
 	$(SNAKEMAKE) --report results/report.html
 

@@ -1,203 +1,399 @@
-"""Run one job's command so that its outcome is always a result record, never a crash.
+"""Run one job's command and always leave a result JSON: a failed run is a result row, not a
+crashed pipeline.
 
-    python -m pipeline.guard --out RESULT.json [--timeout-s N] [--expect FILE ...] -- CMD ...
+    python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N]
+                             [--expect FILE ...] [--run NAME] -- CMD ARGS...
 
-* The command runs in its own process group; its output goes to the guard's (the job log).
-* Past ``--timeout-s`` the whole group gets SIGTERM, then SIGKILL: status ``timeout``.
-* If the command left a RESULT.json with a ``status`` (the workloads always write one), it is
-  kept, with ``returncode`` and ``elapsed_s`` added. Otherwise the guard writes one: ``oom``
-  when the process was SIGKILLed (the kernel's OOM killer) or its output says it ran out of
-  memory, else ``error`` with the end of its output.
-* ``--expect``: after a successful command each file must exist and be non-empty, and a
-  ``.sqlite`` file must be an nsys export with its core tables; else status ``error`` naming
-  what is missing (the capture itself failed although the workload ran).
-* The guard exits 0 whenever it wrote a result: the status is the result. If the guard itself
-  is interrupted (SIGINT/SIGTERM: the user stopped the workflow), it stops the command, writes
-  nothing and exits non-zero, so Snakemake marks the job incomplete and reruns it.
-* RESULT.json is written atomically (temporary file + rename): a half-written record is never
-  taken as complete.
+CMD runs in its own process group; its stdout/stderr stream through to the guard's (the job
+log). RESULT.json ends up with a ``status``:
+
+* the command's own (it wrote RESULT.json with a ``status``: ok | oom | unsupported | error),
+  kept as written plus ``returncode`` and ``elapsed_s``;
+* ``timeout``: it ran past --timeout-s; the whole group got SIGTERM, then SIGKILL after
+  --grace-s;
+* ``oom``: it was SIGKILLed (the kernel's OOM killer), exited 3 (the workloads' OOM code) or
+  its output ends with an out-of-memory message;
+* ``unsupported``: it exited 4 (the workloads' code) without writing a status;
+* ``error``: anything else, with the last lines of its output as ``message``; also when it
+  succeeded but an --expect file is missing, empty, or (``*.sqlite``) not a complete nsys
+  export.
+
+Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
+errors; 128+N when the guard itself got signal N (SIGINT/SIGTERM/SIGHUP): the signal goes to
+the command's group, and no RESULT.json is left, so Snakemake sees an incomplete job and
+reruns it. RESULT.json is written atomically (temporary file + rename).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-KILL_GRACE_S = 10
-OUTPUT_TAIL_LINES = 30
-OOM_MARKERS = ("out of memory", "can't allocate memory", "memoryerror", "cannot allocate memory")
-# An nsys export that can be analysed has at least these tables.
-EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME")
+DEFAULT_GRACE_S = 10.0
+TAIL_LINES = 200  # kept from the command's output, to classify the failure
+MESSAGE_LINES = 12  # of those, how many go into an error's message
+# The workloads' exit codes for a result they could not produce (workloads/__main__.py).
+EXIT_OOM, EXIT_UNSUPPORTED = 3, 4
+# How a failure says "out of memory": Python, glibc, PyTorch (CPU and CUDA), C++, and how
+# nsys or a shell reports a target killed by SIGKILL (the kernel's OOM killer).
+OOM_OUTPUT = re.compile(
+    r"out of memory|can(?:no|')t allocate memory|MemoryError|std::bad_alloc"
+    r"|\bKilled\b|signal 9\b|SIGKILL",
+    re.IGNORECASE,
+)
+# Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
+NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class Interrupted(Exception):
-    """The guard itself was asked to stop."""
+    """The guard itself received a stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
-def run_guarded(cmd: list[str], timeout_s: float | None) -> tuple[int | None, str, float, bool]:
-    """(returncode, output tail, elapsed seconds, timed out); output is echoed as it comes."""
+@dataclass
+class Outcome:
+    """How the command ended."""
+
+    returncode: int
+    elapsed_s: float
+    timed_out: bool
+    tail: collections.deque[str] = field(default_factory=collections.deque)
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed the command (directly, or a shell's 128+N), if any."""
+        if self.returncode < 0:
+            return _signal_name(-self.returncode)
+        if self.returncode > 128 and self.returncode - 128 < signal.NSIG:
+            return _signal_name(self.returncode - 128)
+        return None
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# --- running the command ----------------------------------------------------------------------
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> threading.Thread:
+    """Copy a child's pipe to our own stream as it comes, keeping its last lines."""
+
+    def copy() -> None:
+        sink_open = True
+        for line in iter(source.readline, b""):
+            tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+            if sink_open:
+                try:
+                    sink.write(line)
+                    sink.flush()
+                except OSError:  # our reader went away: keep draining, or the child blocks
+                    sink_open = False
+        source.close()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass  # the group is already gone
+
+
+def _stop_group(proc: subprocess.Popen[bytes], signum: int, grace_s: float) -> None:
+    """`signum` to the whole group, then SIGKILL to what is left after the grace period."""
+    _signal_group(proc, signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+def _drain(proc: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
+    """Wait for the output to end; processes of the group that outlive the command and hold
+    its pipes open are killed, or the guard would wait for them forever."""
+    for pump in pumps:
+        pump.join(timeout=5)
+    if any(p.is_alive() for p in pumps):
+        _signal_group(proc, signal.SIGKILL)
+        for pump in pumps:
+            pump.join()
+
+
+def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
+                running: list[subprocess.Popen[bytes]]) -> Outcome:
+    """Run `cmd` in its own process group, streaming its output; kill it on timeout.
+    The running process is put in `running`, so a signal handler can stop its group."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
-    reader = threading.Thread(target=_pump, args=(proc, tail), daemon=True)
-    reader.start()
-    stop = _forward_signals(proc)
+    running.append(proc)
+    assert proc.stdout is not None and proc.stderr is not None
+    pumps = [_pump(proc.stdout, sys.stdout.buffer, tail),
+             _pump(proc.stderr, sys.stderr.buffer, tail)]
     timed_out = False
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(proc)
-    reader.join(timeout=5)
-    if stop["signal"] is not None:
-        raise Interrupted(stop["signal"])
-    return proc.returncode, "".join(tail), time.monotonic() - start, timed_out
+        _stop_group(proc, signal.SIGTERM, grace_s)
+    _drain(proc, pumps)
+    running.remove(proc)
+    return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out, tail)
 
 
-def _pump(proc: subprocess.Popen, tail: deque[str]) -> None:
-    assert proc.stdout is not None
-    for raw in iter(proc.stdout.readline, b""):
-        line = raw.decode(errors="replace")
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        tail.append(line)
+# --- judging the outcome ----------------------------------------------------------------------
 
 
-def _forward_signals(proc: subprocess.Popen) -> dict[str, int | None]:
-    """SIGINT/SIGTERM to the guard stop the command's whole group."""
-    state: dict[str, int | None] = {"signal": None}
-
-    def handler(signum: int, _frame: object) -> None:
-        state["signal"] = signum
-        _kill_group(proc)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    return state
+def _read_own_result(path: Path) -> dict[str, Any] | None:
+    """The command's own record, if it wrote a complete JSON object (with or without a
+    ``status``: a record without one, e.g. calibrate's, is judged by the exit code)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5)):
+def _last_lines(tail: collections.deque[str]) -> str:
+    lines = [line for line in tail if line.strip()]
+    return "\n".join(lines[-MESSAGE_LINES:])
+
+
+def _how_it_ended(outcome: Outcome) -> str:
+    name = outcome.signal_name
+    if outcome.returncode < 0:
+        return f"killed by {name}"
+    return f"exited with code {outcome.returncode}" + (f" ({name})" if name else "")
+
+
+def _oom_evidence(outcome: Outcome) -> str | None:
+    """Why the failed command looks like it ran out of memory, or None."""
+    if outcome.signal_name == "SIGKILL":
+        return "killed by SIGKILL (the kernel's OOM killer)"
+    if outcome.returncode == EXIT_OOM:
+        return f"exited with code {EXIT_OOM} (out of memory)"
+    for line in reversed(outcome.tail):
+        if OOM_OUTPUT.search(line):
+            return line.strip()
+    return None
+
+
+def classify_failure(outcome: Outcome) -> dict[str, Any]:
+    """The result of a command that left no status of its own."""
+    if outcome.returncode == 0:
+        return {"status": "ok"}
+    oom = _oom_evidence(outcome)
+    if oom:
+        return {"status": "oom", "message": oom}
+    how = _how_it_ended(outcome)
+    if outcome.returncode == EXIT_UNSUPPORTED:
+        return {"status": "unsupported", "message": f"{how}: {_last_lines(outcome.tail)}"}
+    output = _last_lines(outcome.tail)
+    return {"status": "error", "message": f"{how}; last output:\n{output}" if output else how}
+
+
+def _timeout_result(timeout_s: float) -> dict[str, Any]:
+    return {"status": "timeout",
+            "message": f"exceeded timeout_min={timeout_s / 60:g} ({timeout_s:g} s)"}
+
+
+def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None) -> dict[str, Any]:
+    """The result: timeout first, then the command's own status, else what its exit says."""
+    if outcome.timed_out:
+        assert timeout_s is not None
+        result = {**(own or {}), **_timeout_result(timeout_s)}
+    elif own is not None and isinstance(own.get("status"), str):
+        result = dict(own)
+        if own["status"] == "ok" and outcome.returncode != 0:
+            # The workload finished but the wrapper around it (nsys) failed afterwards.
+            output = _last_lines(outcome.tail)
+            result.update(status="error",
+                          message=f"{_how_it_ended(outcome)} after the run reported ok; "
+                                  f"last output:\n{output}")
+    else:  # no status of its own: the exit says; keep whatever the record holds
+        result = {**(own or {}), **classify_failure(outcome)}
+    result.update(returncode=outcome.returncode, elapsed_s=outcome.elapsed_s)
+    if outcome.signal_name and outcome.returncode < 0:
+        result["signal"] = outcome.signal_name
+    return result
+
+
+# --- expected files ---------------------------------------------------------------------------
+
+
+def _sqlite_truncation(path: Path) -> str | None:
+    """A problem with the SQLite header or the file's length, or None. The header's page count
+    is valid when its version-valid-for number equals the change counter (SQLite file format,
+    section 1.3.7): a file shorter than that many pages was cut off."""
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return "is not an SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counter_valid = header[24:28] == header[92:96]
+    size = path.stat().st_size
+    if counter_valid and pages and size < pages * page_size:
+        return f"is truncated ({size} of {pages * page_size} bytes)"
+    return None
+
+
+def check_nsys_export(path: Path) -> str | None:
+    """Why `path` is not a complete nsys SQLite export, or None."""
+    problem = _sqlite_truncation(path)
+    if problem:
+        return f"{path.name} {problem}"
+    try:
+        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+            for table in NSYS_EXPORT_TABLES:
+                if table not in tables:
+                    return f"{path.name}: export lacks table {table}"
+                con.execute(f"SELECT * FROM {table} LIMIT 1").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return f"{path.name} is not a readable SQLite database ({e})"
+    return None
 
 
-def classify_failure(returncode: int | None, tail: str) -> tuple[str, str]:
-    """(status, message) of a command that wrote no result of its own."""
-    lowered = tail.lower()
-    if returncode == -signal.SIGKILL or any(m in lowered for m in OOM_MARKERS):
-        reason = "killed by SIGKILL (out of memory?)" if returncode == -signal.SIGKILL else ""
-        return "oom", (reason + "\n" + tail).strip()[-2000:]
-    how = f"signal {-returncode}" if returncode is not None and returncode < 0 else \
-        f"exit code {returncode}"
-    return "error", f"command failed ({how}) without a result:\n{tail}"[-2000:]
-
-
-def missing_expected(paths: list[Path]) -> str | None:
-    """Why the expected outputs are not usable, or None."""
+def check_expected(paths: list[Path], producer: str) -> str | None:
+    """Why the expected outputs are not all there and sound, or None."""
     for path in paths:
-        if not path.is_file() or path.stat().st_size == 0:
-            return f"expected output {path} was not produced (see the log above)"
+        if not path.exists():
+            return f"{producer} produced no {path.name} ({path})"
+        if path.stat().st_size == 0:
+            return f"{producer} produced an empty {path.name} ({path})"
         if path.suffix == ".sqlite":
-            problem = _export_problem(path)
+            problem = check_nsys_export(path)
             if problem:
                 return problem
     return None
 
 
-def _export_problem(path: Path) -> str | None:
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
-    except sqlite3.DatabaseError as exc:
-        return f"{path} is not a readable SQLite export: {exc}"
-    lacking = [t for t in EXPORT_TABLES if t not in tables]
-    return f"{path} lacks table(s) {', '.join(lacking)}: not a complete nsys export" \
-        if lacking else None
+# --- writing the result -----------------------------------------------------------------------
 
 
-def read_record(path: Path, returncode: int | None) -> dict[str, Any] | None:
-    """The command's own record; one without a status counts as ok only if it exited 0."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict):
-        return None
-    if "status" not in record:
-        if returncode != 0:
-            return None
-        record["status"] = "ok"
-    return record
-
-
-def write_atomically(path: Path, record: dict[str, Any]) -> None:
+def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON to a temporary file next to `path`, then rename it into place: a reader
+    sees the old file, no file, or the complete new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def guard(out: Path, cmd: list[str], timeout_s: float | None, expect: list[Path],
-          run: str | None = None) -> dict[str, Any]:
-    """Run ``cmd`` and leave its result record at ``out``; return the record."""
-    # A stale record from an earlier attempt must not pass for this one's.
-    out.unlink(missing_ok=True)
-    returncode, tail, elapsed, timed_out = run_guarded(cmd, timeout_s)
-    record = read_record(out, returncode)
-    if timed_out:
-        record = {**(record or {}), "status": "timeout",
-                  "message": f"exceeded the time limit of {timeout_s:.0f} s (timeout_min)"}
-    elif record is None:
-        status, message = classify_failure(returncode, tail)
-        record = {"status": status, "message": message}
-    elif record["status"] == "ok":
-        problem = missing_expected(expect) if returncode == 0 else \
-            f"exit code {returncode} after an ok record"
+# --- command line -----------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.guard",
+        description="Run CMD and always write RESULT.json with its status.",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the result JSON")
+    parser.add_argument("--timeout-s", type=float, help="stop CMD after this many seconds")
+    parser.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S,
+                        help="between SIGTERM and SIGKILL (default %(default)s)")
+    parser.add_argument("--expect", nargs="+", type=Path, default=[], metavar="FILE",
+                        help="files a successful CMD must leave (non-empty; nsys exports)")
+    parser.add_argument("--run", help="the run's name, recorded in the result")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    args = parser.parse_args(argv)
+    if args.cmd[:1] == ["--"]:
+        args.cmd = args.cmd[1:]
+    if not args.cmd:
+        parser.error("no command given (put it after --)")
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        parser.error(f"--timeout-s must be positive, not {args.timeout_s:g}")
+    return args
+
+
+def _install_stop_handlers() -> None:
+    """SIGINT/SIGTERM/SIGHUP raise Interrupted once; repeats wait for the first to finish."""
+    received: list[int] = []
+
+    def handle(signum: int, _frame: object) -> None:
+        if not received:
+            received.append(signum)
+            raise Interrupted(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, handle)
+
+
+def guarded_result(args: argparse.Namespace,
+                   running: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """Run the command and judge it."""
+    try:
+        outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running)
+    except OSError as e:  # not found, not executable: still a result
+        return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
+                "returncode": None, "elapsed_s": 0.0}
+    result = judge(outcome, _read_own_result(args.out), args.timeout_s)
+    if result["status"] == "ok":
+        problem = check_expected(args.expect, Path(args.cmd[0]).name)
         if problem:
-            record.update(status="error", message=problem)
-    record.update(returncode=returncode, elapsed_s=round(elapsed, 3))
-    if run is not None:
-        record.setdefault("run", run)
-    write_atomically(out, record)
-    return record
+            result.update(status="error", message=problem)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.guard", description=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="the job's result record")
-    parser.add_argument("--timeout-s", type=float, default=None)
-    parser.add_argument("--expect", type=Path, action="append", default=[])
-    parser.add_argument("--run", default=None, help="run name, recorded in the result")
-    parser.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        parser.error("no command given (put it after --)")
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    running: list[subprocess.Popen[bytes]] = []
+    _install_stop_handlers()
     try:
-        record = guard(args.out, cmd, args.timeout_s, args.expect, args.run)
+        args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
+        result = guarded_result(args, running)
+        if args.run:
+            result.setdefault("run", args.run)
+        write_atomically(args.out, result)
     except Interrupted as stop:
-        print(f"guard: interrupted by signal {stop.args[0]}; no result written", file=sys.stderr)
-        return 128 + int(stop.args[0])
-    print(f"guard: {args.out}: status {record['status']}", file=sys.stderr)
+        for proc in running:
+            _stop_group(proc, stop.signum, args.grace_s)
+        args.out.unlink(missing_ok=True)  # an interrupted run has no result
+        print(f"guard: interrupted by {stop}; the command's process group was stopped and "
+              f"no result was written", file=sys.stderr)
+        return 128 + stop.signum
+    print(f"guard: {args.run or args.cmd[0]}: {result['status']} "
+          f"(exit {result['returncode']}, {result['elapsed_s']} s)", file=sys.stderr)
     return 0
 
 

@@ -412,3 +412,50 @@ NSYS, NSYS_NEEDS_INSTALL = _find_nsys()
 NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
 # The host interpreter itself (not a shim: nsys would trace the shim's shells too).
 PYTHON = "python3" if USE_CONTAINER else sys.executable
+
+
+# --- start-up checks (pipeline/checks.py) ------------------------------------------------------
+# Each problem stops the workflow with one line saying what to do, before any job runs:
+# - now, while the workflow is read (also for a dry run): the results folder must be writable,
+#   since planning itself fails in an unusable one (e.g. a file where a folder should be);
+# - when Snakemake is about to run jobs (onstart: not for a dry run, --dag, --lint, --report,
+#   nor when nothing is to be done), for the runs whose profile job will run: disk space,
+#   nsys (host runs), a GPU (runs that ask for CUDA), apptainer (--use-singularity).
+#   A dry run does not check the machine: planning the GPU matrix on a laptop is fine.
+from pipeline import checks as _checks  # noqa: E402
+
+
+def _check_error(e):
+    return WorkflowError(f"start-up check failed: {e}")
+
+
+def _runs_to_profile():
+    """The selected runs whose profile job will run now."""
+    jobs = workflow.dag.needrun_jobs()
+    names = {j.wildcards.get("run") for j in jobs if j.rule.name == "profile"}
+    return {name: RUNS[name] for name in sorted(names) if name in RUNS}
+
+
+def startup_checks():
+    todo = _runs_to_profile()
+    _checks.check_disk(Path(RESULTS), todo)
+    if todo and not USE_CONTAINER:
+        _checks.check_nsys(NSYS, NSYS_NEEDS_INSTALL)
+    cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
+    _checks.check_gpu(_checks.runs_needing_cuda(todo, cuda_image))
+    if USE_CONTAINER:
+        _checks.check_apptainer(PROFBENCH_CACHE)
+
+
+if workflow.is_main_process:  # not again in each job's own Snakemake process
+    try:
+        _checks.check_results_writable(Path(RESULTS))
+    except _checks.CheckError as e:
+        raise _check_error(e) from None
+
+
+onstart:
+    try:
+        startup_checks()
+    except _checks.CheckError as e:
+        raise _check_error(e) from None

@@ -113,7 +113,7 @@ rule profile:
         # captures, and our reports match it value for value). A failed run leaves empty capture files: its
         # times.json status says why, and run_stats never reads them.
         "{params.guard} --run {wildcards.run} --out {output.times}"
-        " --expect {output.sqlite} --expect {output.rep} --"
+        " --expect {output.sqlite} {output.rep} --"
         " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none {params.capture}"
         " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"

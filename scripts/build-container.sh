@@ -14,6 +14,10 @@
 #   --link PATH          also hard-link (or copy) the cached image to PATH
 #   --force              rebuild even if the cached image exists
 #   --print-path         print the cached image path and exit (no build)
+#   --apt-check-valid-until true|false
+#                        apt's Acquire::Check-Valid-Until during the build (default: the
+#                        host's setting, read with `apt-config shell`; true without apt)
+#   --print-apt-check-valid-until   print that value and exit (no build)
 # Prints the cached image's path on its last stdout line; progress goes to stderr.
 # Environment: PROFBENCH_CACHE (default ~/.cache/profbench): images go to
 #   $PROFBENCH_CACHE/images/profbench-<variant>-<key12>.sif (+ .json with build facts).
@@ -23,12 +27,24 @@ set -euo pipefail
 # a build would otherwise break the running build.
 main() {
 
+# The host's Acquire::Check-Valid-Until as true/false: one key, read whole by apt-config
+# (`/b` normalizes no/off/0 to false). Not `apt-config dump | grep -q`: under pipefail that
+# was false whenever grep exited at the match before apt-config had written the rest of its
+# output (apt-config then died of SIGPIPE, status 141), so the answer depended on timing.
+host_apt_check_valid_until() {
+  local out=""
+  if command -v apt-config >/dev/null; then
+    out=$(apt-config shell v Acquire::Check-Valid-Until/b 2>/dev/null) || out=""
+  fi
+  [ "$out" = "v='false'" ] && echo false || echo true
+}
+
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEF="$ROOT/containers/profbench.def"
 NSYS_SCRIPT="$ROOT/scripts/install-nsys.sh"
 CACHE=${PROFBENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/profbench}
 
-variant=cuda torch="" torch_index="" link="" force=0 print_only=0
+variant=cuda torch="" torch_index="" link="" force=0 print_only=0 apt_valid_until=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --variant) variant=$2; shift 2 ;;
@@ -37,7 +53,9 @@ while [ $# -gt 0 ]; do
     --link) link=$2; shift 2 ;;
     --force) force=1; shift ;;
     --print-path) print_only=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --apt-check-valid-until) apt_valid_until=$2; shift 2 ;;
+    --print-apt-check-valid-until) print_only=apt; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "build-container: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,6 +77,12 @@ case "$variant" in
        torch_index=${torch_index:-https://download.pytorch.org/whl/cpu} ;;
   *) echo "build-container: --variant must be cuda or cpu, not '$variant'" >&2; exit 2 ;;
 esac
+case "$apt_valid_until" in
+  "") apt_valid_until=$(host_apt_check_valid_until) ;;
+  true|false) ;;
+  *) echo "build-container: --apt-check-valid-until must be true or false, not '$apt_valid_until'" >&2; exit 2 ;;
+esac
+[ "$print_only" = apt ] && { echo "$apt_valid_until"; exit 0; }
 for f in "$DEF" "$NSYS_SCRIPT" "$ROOT/pyproject.toml"; do
   [ -f "$f" ] || { echo "build-container: missing $f" >&2; exit 1; }
 done
@@ -118,7 +142,7 @@ fi
 trap 'rm -rf "$ctx" "$ctx.tmp" "$image.tmp"' EXIT
 optional=(); [ -f "$ROOT/README.md" ] && optional=(README.md)
 (cd "$ROOT" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - containers/profbench.def \
-   pyproject.toml scripts/install-nsys.sh workloads analysis "${optional[@]}") \
+   pyproject.toml scripts/install-nsys.sh workloads analysis pipeline "${optional[@]}") \
   | tar -xf - -C "$ctx"
 [ -f "$ctx/README.md" ] || : > "$ctx/README.md"   # pyproject's readme; not needed to run
 
@@ -129,11 +153,9 @@ if [ -f "$torch" ]; then
 else
   args+=(--build-arg "TORCH=$torch")
 fi
-# Frozen archive mirrors (this sandbox's) serve expired Release files; follow the host's
-# apt policy on that.
-if apt-config dump 2>/dev/null | grep -qi '^Acquire::Check-Valid-Until "false"'; then
-  args+=(--build-arg APT_CHECK_VALID_UNTIL=false)
-fi
+# Frozen archive mirrors (this sandbox's) serve expired Release files: the build follows the
+# host's apt policy on that, or --apt-check-valid-until. Always passed, so the log shows it.
+args+=(--build-arg "APT_CHECK_VALID_UNTIL=$apt_valid_until")
 # A TLS-intercepting proxy's CA (this sandbox): trusted during the build only.
 if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
   args+=(--bind /usr/local/share/ca-certificates:/mnt/host-ca)
@@ -159,7 +181,8 @@ mv "$image.tmp" "$image"
 size=$(stat -c %s "$image")
 cat > "${image%.sif}.json" <<JSON
 {"image": "$image", "variant": "$variant", "definition_sha256": "$def_sha", "key": "$key",
- "torch": "$torch_id", "torch_index": "$torch_index", "build_seconds": $secs,
+ "torch": "$torch_id", "torch_index": "$torch_index",
+ "apt_check_valid_until": $apt_valid_until, "build_seconds": $secs,
  "size_bytes": $size, "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
 JSON
 echo "build-container: built in ${secs}s, $((size / 1048576)) MiB" >&2
