@@ -429,20 +429,22 @@ def _check_error(e):
     return WorkflowError(f"start-up check failed: {e}")
 
 
-def _runs_to_profile():
-    """The selected runs whose profile job will run now."""
+def _runs_to_do(rules):
+    """The selected runs with a job of one of these rules to run now."""
     jobs = workflow.dag.needrun_jobs()
-    names = {j.wildcards.get("run") for j in jobs if j.rule.name == "profile"}
+    names = {j.wildcards.get("run") for j in jobs if j.rule.name in rules}
     return {name: RUNS[name] for name in sorted(names) if name in RUNS}
 
 
 def startup_checks():
-    todo = _runs_to_profile()
+    todo = _runs_to_do({"profile"})
     _checks.check_disk(Path(RESULTS), todo)
     if todo and not USE_CONTAINER:
         _checks.check_nsys(NSYS, NSYS_NEEDS_INSTALL)
     cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
-    _checks.check_gpu(_checks.runs_needing_cuda(todo, cuda_image))
+    # untraced timing runs need the GPU as much as the captures do
+    on_gpu = _runs_to_do({"profile", "time_run"})
+    _checks.check_gpu(_checks.runs_needing_cuda(on_gpu, cuda_image))
     if USE_CONTAINER:
         _checks.check_apptainer(PROFBENCH_CACHE)
 
