@@ -13,6 +13,8 @@ rule run_stats:
         metrics=f"{RESULTS}/{{run}}/stats/metrics.json",
     log:
         f"{LOGS}/run_stats/{{run}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/run_stats/{{run}}.jsonl"
     params:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.metrics),

@@ -414,6 +414,60 @@ NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
 PYTHON = "python3" if USE_CONTAINER else sys.executable
 
 
+# --- resources (issue 10) ---------------------------------------------------------------------
+# GPU jobs (calibrate, time_run, profile) declare `gpu=1`; analysis jobs declare none. The
+# default workflow profile sets `resources: gpu=1`, so `--cores N` overlaps analysis with the
+# GPU jobs but never runs two of them on one GPU; the Slurm executor turns `gpu=1` into
+# `sbatch --gpus=1` (docs/cluster.md). `mem_mb` (host RAM) and `runtime` (minutes) tell a
+# cluster what to reserve: generous estimates from the run's size and mode, doubled on a retry
+# and never above the guard's own limit (timeout_min, plus start-up and the nsys export), so
+# the guard, not Slurm, ends a run that hangs. A site overrides them with --set-resources;
+# each GPU job's `benchmark:` file ({LOGS}/benchmark/*.jsonl) records its seconds and max_rss.
+
+# GPT size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
+GPT_SIZE_NEEDS = {
+    "tiny": (4000, 5),
+    "small": (8000, 10),
+    "medium": (12000, 15),
+    "large": (16000, 20),
+    "xl": (24000, 30),
+    "2.7B": (32000, 40),
+}
+# attention, attention_core and calibrate: a few kernels, dominated by start-up.
+SMALL_JOB_NEEDS = (8000, 10)
+MODE_TIME_FACTOR = {"forward": 1.0, "forward_backward": 2.0, "train": 3.0}
+DEFAULT_STEPS = 15  # warm-up + measured steps the size table assumes
+COMPILE_MIN = 10  # torch.compile's warm-up compilation
+JOB_OVERHEAD_MIN = 10  # process start-up and nsys' SQLite export
+
+
+def _run_needs(run):
+    """(host MB, minutes) a GPU job of `run` needs; None for jobs without a run (calibrate)."""
+    if run is None:
+        return SMALL_JOB_NEEDS
+    params = RUNS[run]
+    mem_mb, minutes = SMALL_JOB_NEEDS
+    if params["workload"] == "gpt":
+        mem_mb, minutes = GPT_SIZE_NEEDS[params["size"]]
+    minutes *= MODE_TIME_FACTOR.get(params.get("mode", "forward"), 1.0)
+    minutes *= max(1.0, (params.get("warmup", 0) + params.get("steps", 0)) / DEFAULT_STEPS)
+    if params.get("compile", "off") != "off":
+        minutes += COMPILE_MIN
+    return mem_mb, minutes
+
+
+def gpu_job_mem_mb(wildcards, attempt) -> int:
+    """Host memory (MB) of a GPU job, doubled on each retry."""
+    return int(_run_needs(wildcards.get("run"))[0] * attempt)
+
+
+def gpu_job_runtime(wildcards, attempt) -> int:
+    """Wall time (minutes) of a GPU job, doubled on each retry, at most the guard's limit."""
+    minutes = (_run_needs(wildcards.get("run"))[1] + JOB_OVERHEAD_MIN) * attempt
+    return int(min(minutes, config["timeout_min"] + JOB_OVERHEAD_MIN))
+
+
+
 # --- start-up checks (pipeline/checks.py) ------------------------------------------------------
 # Each problem stops the workflow with one line saying what to do, before any job runs:
 # - now, while the workflow is read (also for a dry run): the results folder must be writable,

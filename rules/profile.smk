@@ -48,11 +48,15 @@ rule calibrate:
         f"{RESULTS}/calibration.json",
     log:
         f"{LOGS}/calibrate.log",
+    benchmark:
+        f"{LOGS}/benchmark/calibrate.jsonl"
     params:
         guard=GUARD,
         python=PYTHON,
     resources:
         gpu=1,
+        mem_mb=gpu_job_mem_mb,
+        runtime=gpu_job_runtime,
     container:
         RULE_CONTAINER
     shell:
@@ -68,12 +72,16 @@ rule time_run:
         f"{RESULTS}/{{run}}/timing/r{{repeat}}.json",
     log:
         f"{LOGS}/time_run/{{run}}.r{{repeat}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/time_run/{{run}}.r{{repeat}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
         guard=GUARD,
         python=PYTHON,
     resources:
         gpu=1,
+        mem_mb=gpu_job_mem_mb,
+        runtime=gpu_job_runtime,
     container:
         RULE_CONTAINER
     shell:
@@ -92,6 +100,8 @@ rule profile:
         times=f"{RESULTS}/{{run}}/times.json",
     log:
         f"{LOGS}/profile/{{run}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/profile/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
         guard=GUARD,
@@ -104,6 +114,8 @@ rule profile:
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
     resources:
         gpu=1,
+        mem_mb=gpu_job_mem_mb,
+        runtime=gpu_job_runtime,
     container:
         RULE_CONTAINER
     shell:

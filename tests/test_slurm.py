@@ -1,0 +1,257 @@
+"""Scale-out (docs/cluster.md): the smoke matrix through Snakemake's Slurm executor plugin on a
+real single-node Slurm cluster (scripts/slurm-local.sh: munged, MariaDB, slurmdbd, slurmctld,
+slurmd), and one GPU shared safely by `--cores 4` on one machine.
+
+Needs root and Debian's packages (the fixture installs them: slurm-wlm, slurmdbd, munge,
+mariadb-server); run alone with `python -m pytest tests/test_slurm.py`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO, SMOKE_CONFIG, snakemake
+
+pytestmark = pytest.mark.slow
+
+SLURM_LOCAL = REPO / "scripts" / "slurm-local.sh"
+SLURM_PROFILE = REPO / "profiles" / "slurm"
+RESULTS = yaml.safe_load(SMOKE_CONFIG.read_text())["results"]
+# Three runs of the smoke matrix and their comparison: every kind of job, in under a minute.
+SELECT = ["attention_naive", "attention_sdpa", "gpt_tiny_forward_fp32"]
+TARGETS = [
+    f"{RESULTS}/summary.csv",
+    f"{RESULTS}/compare/attention/compare_categories.csv",
+    f"{RESULTS}/compare/attention/speedup.csv",
+]
+GPU_RULES = {"calibrate", "time_run", "profile"}
+ANALYSIS_RULES = {"run_stats", "aggregate", "speedup", "compare"}
+LOCAL_RULES = {"plan"}
+# Columns of summary.csv that do not depend on timing: what the run was and how it ended.
+SUMMARY_KEYS = [
+    "run", "workload", "status", "profiled", "device", "dtype", "warmup", "steps", "seed",
+    "impl", "batch", "seq", "embed", "heads", "mode", "timing_processes", "timing_steps",
+    "kernel_count", "params_count",
+]
+# Keys of a run record (times.json, timing/r*.json) fixed by the parameters and the seed.
+RECORD_KEYS = ["workload", "status", "params", "params_count", "flops_per_step", "run"]
+
+
+def smoke_args(*extra: str) -> list[str]:
+    return [*TARGETS, "--configfile", str(SMOKE_CONFIG),
+            "--config", f"select=[{','.join(SELECT)}]", *extra]
+
+
+# --- the cluster and the two runs ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A running single-node cluster; stopped (and /etc/slurm restored) whatever happens."""
+    installed = subprocess.run([str(SLURM_LOCAL), "install"], capture_output=True, text=True)
+    assert installed.returncode == 0, f"scripts/slurm-local.sh install:\n{installed.stderr}"
+    state = tmp_path_factory.mktemp("slurm") / "cluster"
+    try:
+        started = subprocess.run([str(SLURM_LOCAL), "start", str(state)],
+                                 capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, f"slurm-local.sh start:\n{started.stderr}"
+        yield state
+    finally:
+        subprocess.run([str(SLURM_LOCAL), "stop", str(state)], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: Path,
+              nsys: str) -> tuple[Path, str]:
+    """(workdir, Snakemake's output) of the selection run through the Slurm executor."""
+    workdir = tmp_path_factory.mktemp("on_slurm")
+    done = snakemake(workdir, *smoke_args(
+        "--workflow-profile", str(SLURM_PROFILE),
+        "--slurm-init-seconds-before-status-checks", "2",  # a test cluster answers at once
+        "--verbose",  # the executor logs each sbatch call
+    ))
+    return workdir, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
+    """The same selection on this machine: `--cores 4`, profiles/default's `gpu: 1`."""
+    workdir = tmp_path_factory.mktemp("local")
+    snakemake(workdir, *smoke_args("--cores", "4"))
+    return workdir
+
+
+# --- reading what happened -----------------------------------------------------------------
+
+
+def submitted_job_ids(output: str) -> list[str]:
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", output)
+
+
+def rule_of(comment: str) -> str:
+    """The rule in the plugin's job comment, `rule_<rule>` or `rule_<rule>_wildcards_<...>`."""
+    for rule in GPU_RULES | ANALYSIS_RULES:
+        if comment == f"rule_{rule}" or comment.startswith(f"rule_{rule}_wildcards_"):
+            return rule
+    raise AssertionError(f"job comment {comment!r} names no known rule")
+
+
+def sacct_jobs(job_ids: list[str]) -> pd.DataFrame:
+    """sacct's record (from slurmdbd) of the given jobs: id, comment, requested TRES, state."""
+    done = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(job_ids),
+         "-o", "JobID,Comment,ReqTRES,State"],
+        capture_output=True, text=True, check=True,
+    )
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.strip()]
+    jobs = pd.DataFrame(rows, columns=["job_id", "comment", "req_tres", "state"])
+    jobs["rule"] = jobs["comment"].map(rule_of)
+    return jobs
+
+
+def scontrol_show_job(job_id: str) -> dict[str, str]:
+    done = subprocess.run(["scontrol", "show", "job", job_id, "--oneliner"],
+                          capture_output=True, text=True, check=True)
+    return dict(re.findall(r"(\S+?)=(\S*)", done.stdout))
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Snakemake's 'Job stats' table: rule -> number of jobs (total left out)."""
+    table = output.split("Job stats:", 1)[1].splitlines()[3:]
+    counts = {}
+    for line in table:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        counts[parts[0]] = int(parts[1])
+    counts.pop("total", None)
+    return counts
+
+
+def job_intervals(workdir: Path) -> list[tuple[float, float, str, str]]:
+    """(start, end, rule, file) per job from its `benchmark:` record: the file is written as
+    the job ends (its mtime) and holds the job's wall seconds `s`."""
+    intervals = []
+    for path in sorted((workdir / RESULTS / "logs" / "benchmark").rglob("*.jsonl")):
+        rule = path.parent.name if path.parent.name != "benchmark" else path.stem
+        seconds = json.loads(path.read_text().splitlines()[0])["s"]
+        end = path.stat().st_mtime
+        intervals.append((end - seconds, end, rule, path.name))
+    return intervals
+
+
+def overlaps(a: tuple[float, float, str, str], b: tuple[float, float, str, str]) -> bool:
+    # `s` is rounded to 0.1 ms: intervals that merely touch do not overlap.
+    return a[0] < b[1] - 1e-4 and b[0] < a[1] - 1e-4
+
+
+def result_files(workdir: Path) -> list[str]:
+    root = workdir / RESULTS
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def record_view(path: Path) -> dict:
+    record = json.loads(path.read_text())
+    view = {key: record.get(key) for key in RECORD_KEYS}
+    view["steps_timed"] = len(record.get("step_times_ms") or [])
+    return view
+
+
+# --- acceptance 1 and 2: the matrix through sbatch, GPU jobs asking for one GPU ------------
+
+
+def test_every_job_went_through_sbatch_and_sacct_has_it(slurm_run: tuple[Path, str]) -> None:
+    _, output = slurm_run
+    job_ids = submitted_job_ids(output)
+    expected = {r: n for r, n in job_counts(output).items() if r not in LOCAL_RULES}
+    assert sum(expected.values()) == len(job_ids) > 0, (expected, job_ids)
+    jobs = sacct_jobs(job_ids)
+    assert sorted(jobs["job_id"]) == sorted(job_ids)
+    assert set(jobs["state"]) == {"COMPLETED"}, jobs
+    assert jobs["rule"].value_counts().to_dict() == expected
+    assert len(set(jobs["comment"])) == len(jobs), "each job once (no resubmission)"
+
+
+def test_gpu_jobs_asked_for_one_gpu_and_analysis_jobs_for_none(
+    slurm_run: tuple[Path, str],
+) -> None:
+    _, output = slurm_run
+    jobs = sacct_jobs(submitted_job_ids(output))
+    gpu = jobs[jobs["rule"].isin(GPU_RULES)]
+    analysis = jobs[jobs["rule"].isin(ANALYSIS_RULES)]
+    assert set(gpu["rule"]) == GPU_RULES and set(analysis["rule"]) == ANALYSIS_RULES
+    # slurmdbd's record of what each job requested.
+    assert all("gres/gpu=1" in tres.split(",") for tres in gpu["req_tres"]), gpu
+    assert not any("gpu" in tres for tres in analysis["req_tres"]), analysis
+    # slurmctld's view of the submission.
+    for job_id in gpu["job_id"]:
+        assert scontrol_show_job(job_id).get("TresPerJob") == "gres:gpu:1"
+    for job_id in analysis["job_id"]:
+        assert "TresPerJob" not in scontrol_show_job(job_id)
+    # The executor's own sbatch command lines (logged with --verbose).
+    calls = re.findall(r"sbatch call: (.*)", output)
+    assert len(calls) == len(jobs)
+    for call in calls:
+        rule = rule_of(re.search(r"--comment (\S+)", call).group(1).strip("'"))
+        assert ("--gpus=1" in call) == (rule in GPU_RULES), call
+
+
+def test_outputs_equal_a_local_run(slurm_run: tuple[Path, str], local_run: Path) -> None:
+    on_slurm, _ = slurm_run
+    assert result_files(on_slurm) == result_files(local_run)
+    for rel in result_files(local_run):
+        a, b = local_run / RESULTS / rel, on_slurm / RESULTS / rel
+        if rel.startswith("logs/"):
+            continue
+        if rel.endswith(".csv"):  # same table: columns and rows (values are timings)
+            ta, tb = pd.read_csv(a), pd.read_csv(b)
+            assert list(ta.columns) == list(tb.columns) and len(ta) == len(tb), rel
+        elif rel.endswith("times.json") or "/timing/" in rel:
+            assert record_view(a) == record_view(b), rel
+    keys = [c for c in SUMMARY_KEYS if c in pd.read_csv(local_run / TARGETS[0]).columns]
+    summary_local = pd.read_csv(local_run / TARGETS[0])[keys]
+    summary_slurm = pd.read_csv(on_slurm / TARGETS[0])[keys]
+    pd.testing.assert_frame_equal(summary_local, summary_slurm)
+    assert sorted(summary_local["run"]) == sorted(SELECT)
+    for run in SELECT:
+        nvtx = [
+            pd.read_csv(w / RESULTS / run / "stats" / "nvtx_sum.csv")[["Range", "Instances"]]
+            .sort_values("Range", ignore_index=True)  # nsys orders the rows by time
+            for w in (local_run, on_slurm)
+        ]
+        pd.testing.assert_frame_equal(*nvtx)
+        losses = [json.loads((w / RESULTS / run / "times.json").read_text())["losses"]
+                  for w in (local_run, on_slurm)]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+# --- acceptance 3: one machine, one GPU job at a time, analysis alongside ------------------
+
+
+def test_one_gpu_job_at_a_time_while_analysis_overlaps(local_run: Path) -> None:
+    intervals = job_intervals(local_run)
+    gpu = sorted(i for i in intervals if i[2] in GPU_RULES)
+    analysis = [i for i in intervals if i[2] == "run_stats"]
+    assert len(gpu) == 1 + 2 * len(SELECT) and len(analysis) == len(SELECT)
+    for before, after in zip(gpu, gpu[1:], strict=False):
+        assert not overlaps(before, after), (before, after)
+    assert any(overlaps(a, g) for a in analysis for g in gpu), intervals
+
+
+def test_without_the_one_gpu_cap_gpu_jobs_do_overlap(
+    tmp_path: Path, nsys: str,
+) -> None:
+    """The control for the test above: the same check sees overlap when three GPU slots are
+    allowed, so it is profiles/default's `gpu: 1` that keeps GPU jobs apart."""
+    targets = [f"{RESULTS}/{run}/timing/r0.json" for run in SELECT]
+    snakemake(tmp_path, *targets, "--cores", "4", "--resources", "gpu=3",
+              "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(SELECT)}]")
+    gpu = sorted(i for i in job_intervals(tmp_path) if i[2] in GPU_RULES)
+    assert len(gpu) == len(SELECT)
+    assert any(overlaps(a, b) for a in gpu for b in gpu if a is not b), gpu
