@@ -15,16 +15,20 @@ source gpu-kit/setup.sh >/dev/null 2>&1
   --target /tmp/sm 'snakemake[reports]==9.27.1' 2>&1 | grep -v WARN | tail -2
 export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
+results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
 start=$(date +%s)
-# GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them.
-timeout "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --configfile "$configfile" "${extra[@]}" \
-  >> $OUT/snakemake.log 2>&1
+# GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them. A failed
+# run is already a result row; --keep-going lets an unexpected job failure cost only its own
+# outputs. SIGINT at the limit: Snakemake stops its jobs and marks nothing complete.
+timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --keep-going \
+  --configfile "$configfile" "${extra[@]}" >> $OUT/snakemake.log 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
 grep -E "Error|steps \(|Nothing to be done|of .* steps" $OUT/snakemake.log | tail -15
 if [ $rc -eq 0 ]; then
-  python3 -m snakemake --configfile "$configfile" "${extra[@]}" --report results/report.html \
+  python3 -m snakemake --configfile "$configfile" "${extra[@]}" --report "$results/report.html" \
     >> $OUT/snakemake.log 2>&1 || echo "report failed"
 fi
-tar czf $OUT/results.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' results .snakemake/log 2>/dev/null
+echo "wall time: $(( $(date +%s) - start )) s (pipeline and report)" | tee -a $OUT/snakemake.log
+tar czf $OUT/results.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' "$results" .snakemake/log 2>/dev/null
 ls -la $OUT

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SMOKE_CONFIG, snakemake
+from conftest import REPO, SMOKE_CONFIG, snakemake
 
 
 def broken(tmp_path: Path, edit) -> Path:
@@ -84,10 +84,23 @@ def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
 
 
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
-    """The GPU default matrix: 4 notebook attention runs, GPT small and 2.7B forward and
+    """The GPU default matrix: the 4-rung GPT small ladder (all captured), 3 attention-kernel
+    runs and 1 OOM probe timed only; 2 untraced timing processes per run."""
+    done = snakemake(tmp_path, "-n", "--cores", "1")
+    assert done.stdout.count("rule profile:") == 4, done.stdout[-2000:]
+    assert done.stdout.count("rule time_run:") == 2 * (4 + 3 + 1)
+    # each ladder rung against the one before: untraced speed-up and capture comparison
+    assert done.stdout.count("rule speedup:") == 3
+    assert done.stdout.count("rule compare:") == 3
+    assert "rule calibrate:" not in done.stdout
+
+
+def test_standard_config_is_valid_and_complete(tmp_path: Path) -> None:
+    """config/standard.yaml: 4 notebook attention runs, GPT small and 2.7B forward and
     forward+backward, the 7-rung ladder for both sizes (all captured), 8 attention-kernel
     runs and 1 OOM probe timed only; 3 untraced timing processes per run."""
-    done = snakemake(tmp_path, "-n", "--cores", "1")
+    done = snakemake(tmp_path, "-n", "--cores", "1", "--configfile",
+                     str(REPO / "config" / "standard.yaml"))
     assert done.stdout.count("rule profile:") == 4 + 4 + 14, done.stdout[-2000:]
     assert done.stdout.count("rule time_run:") == 3 * (4 + 4 + 14 + 8 + 1)
     # the config's 3 comparisons and each ladder rung against the one before

@@ -1,0 +1,112 @@
+"""Interruption: the smoke pipeline killed with a real signal while a profile job runs, then
+started again, finishes the matrix without redoing finished runs, and ends where an
+uninterrupted run ends (same rows, same NVTX counts). No half-written capture is kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, SMOKE_CONFIG, snakemake
+
+from pipeline.guard import check_nsys_export
+
+pytestmark = pytest.mark.slow
+
+RESULTS = "results/smoke"
+START_TIMEOUT_S = 600
+
+
+def _group_commands(pgid: int) -> list[str]:
+    """Command lines of the live processes in one process group."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def _profiling_now(pgid: int) -> bool:
+    return any(" profile " in cmd and "nsys" in cmd for cmd in _group_commands(pgid))
+
+
+def _finished_runs(results: Path) -> list[str]:
+    """Runs whose capture was analysed completely (the run_stats job ended)."""
+    return sorted(p.parent.parent.name for p in results.glob("*/stats/metrics.json"))
+
+
+def _start_pipeline(workdir: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+           "--directory", str(workdir), "--cores", "2", "--configfile", str(SMOKE_CONFIG)]
+    # its own session: the signal reaches Snakemake and all its jobs, as Ctrl-C or a
+    # scheduler's kill of the job would
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
+    """Run until a profile job is capturing after at least one run finished, then send
+    `signum` to the whole pipeline; return the finished files' mtimes at that moment."""
+    proc = _start_pipeline(workdir, workdir / "first.log")
+    results = workdir / RESULTS
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while not (_finished_runs(results) and _profiling_now(proc.pid)):
+            assert proc.poll() is None, (workdir / "first.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "no profile job seen running"
+            time.sleep(0.2)
+        finished = {str(p): p.stat().st_mtime_ns for run in _finished_runs(results)
+                    for p in (results / run).rglob("*") if p.is_file()}
+        os.killpg(proc.pid, signum)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # SIGKILL leaves nothing running either: the whole group is gone
+    assert not _group_commands(proc.pid)
+    return finished
+
+
+def _nvtx_counts(results: Path, run: str) -> dict[str, int]:
+    nvtx = pd.read_csv(results / run / "stats" / "nvtx_sum.csv")
+    return dict(zip(nvtx["Range"], nvtx["Instances"], strict=True))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_killed_pipeline_resumes_without_recomputing(
+    tmp_path: Path, smoke_workdir: Path, signum: int
+) -> None:
+    finished = _interrupt_during_a_capture(tmp_path, signum)
+    assert finished, "some runs had finished before the signal"
+    # A killed Snakemake leaves its lock behind: the documented resume is unlock + rerun.
+    snakemake(tmp_path, "--unlock", "--configfile", str(SMOKE_CONFIG))
+    snakemake(tmp_path, "--cores", "2", "--configfile", str(SMOKE_CONFIG))
+
+    results, reference = tmp_path / RESULTS, smoke_workdir / RESULTS
+    for path, mtime in finished.items():
+        assert Path(path).stat().st_mtime_ns == mtime, f"recomputed: {path}"
+    summary = pd.read_csv(results / "summary.csv").set_index("run").sort_index()
+    expected = pd.read_csv(reference / "summary.csv").set_index("run").sort_index()
+    assert list(summary.index) == list(expected.index)
+    assert summary["status"].to_dict() == expected["status"].to_dict()
+    captured = expected.index[expected["status"].eq("ok") & expected["step_ms_traced"].notna()]
+    assert len(captured) > 0
+    for run in captured:
+        assert check_nsys_export(results / run / "profile.sqlite") is None, run
+        assert _nvtx_counts(results, run) == _nvtx_counts(reference, run), run
