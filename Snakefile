@@ -41,4 +41,5 @@ rule all:
         expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
         f"{RESULTS}/findings.csv",
         f"{RESULTS}/SUMMARY.md",
+        DIFF_OUTPUTS,
     default_target: True

@@ -48,7 +48,7 @@ rule aggregate:
         f"{LOGS}/aggregate.log",
     params:
         python=PYTHON,
-        results=RESULTS,
+        results=results_folder,
         calibration=lambda wc, input: f"--calibration {input.calibration}"
         if input.calibration
         else "",
@@ -79,8 +79,8 @@ rule ladders:
         f"{LOGS}/ladders.log",
     params:
         python=PYTHON,
-        results=RESULTS,
-        outdir=f"{RESULTS}/ladders",
+        results=results_folder,
+        outdir=lambda wc, output: os.path.dirname(output[0]),
     container:
         RULE_CONTAINER
     shell:

@@ -166,7 +166,7 @@ def expand_ladders(cfg):
     for index, ladder in enumerate(cfg.get("ladders", [])):
         where = f"ladders[{index}]"
         base = dict(ladder["base"])
-        _check_keys(where + ".base", base)
+        _check_keys(f"{where}.base", base)
         axes = {k: v for k, v in base.items() if isinstance(v, list)}
         for values in itertools.product(*axes.values()):
             params = {**base, **dict(zip(axes, values))}
@@ -244,6 +244,15 @@ TIMEOUT_S = int(config["timeout_min"] * 60)
 
 
 
+# Optional: set by a caller whose copy of the tree has no .git (a GPU host, a cluster node).
+GIT_COMMIT_VAR, GIT_DIRTY_VAR = "PROFBENCH_GIT_COMMIT", "PROFBENCH_GIT_DIRTY"
+
+
+def results_folder(wildcards, input):
+    """The results folder, as the folder of a rule's summary.csv or plan.json input."""
+    return os.path.dirname(input.summary if "summary" in input.keys() else input.plan)
+
+
 def git_state():
     """(commit, dirty) of the checkout, decided at plan time and handed to every job.
 
@@ -258,8 +267,8 @@ def git_state():
     commit = git("rev-parse", "HEAD")
     if commit:
         return commit, bool(git("status", "--porcelain", "--untracked-files=no"))
-    if os.environ.get("PROFBENCH_GIT_COMMIT"):
-        return os.environ["PROFBENCH_GIT_COMMIT"], os.environ.get("PROFBENCH_GIT_DIRTY") == "1"
+    if os.environ.get(GIT_COMMIT_VAR):
+        return os.environ[GIT_COMMIT_VAR], os.environ.get(GIT_DIRTY_VAR) == "1"
     stamp = REPO / ".profbench-git.json"
     if stamp.is_file():
         info = json.loads(stamp.read_text())
@@ -271,8 +280,8 @@ GIT_COMMIT, GIT_DIRTY = git_state()
 # Every job inherits these (workloads/provenance.py reads them): rows carry the commit even
 # where the job runs without a checkout.
 if GIT_COMMIT:
-    os.environ["PROFBENCH_GIT_COMMIT"] = GIT_COMMIT
-    os.environ["PROFBENCH_GIT_DIRTY"] = "1" if GIT_DIRTY else "0"
+    os.environ[GIT_COMMIT_VAR] = GIT_COMMIT
+    os.environ[GIT_DIRTY_VAR] = "1" if GIT_DIRTY else "0"
 
 
 def plan_record():

@@ -23,6 +23,8 @@ rule plan:
     summary and the report; rewritten when any of it changes."""
     output:
         f"{RESULTS}/plan.json",
+    log:
+        f"{LOGS}/plan.log",
     params:
         plan=plan_record(),
     run:

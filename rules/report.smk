@@ -3,6 +3,12 @@
 
 # Figures (analysis/outputs/figures.py): one file each, drawn from the summary and the
 # per-run statistics with one shared vocabulary (analysis/outputs/style.py).
+BASELINE = config.get("baseline") or ""
+DIFF_OUTPUTS = (
+    [f"{RESULTS}/diff/{name}" for name in ("summary.md", "runs.csv", "ratios.png")]
+    if BASELINE
+    else []
+)
 PLOTS = [
     "ladder_waterfall",
     "attention_sweep",
@@ -37,7 +43,7 @@ rule plots:
         f"{LOGS}/plots.log",
     params:
         python=PYTHON,
-        results=RESULTS,
+        results=results_folder,
         outdir=lambda wc, output: os.path.dirname(output[0]),
     container:
         RULE_CONTAINER
@@ -63,7 +69,7 @@ rule findings:
         f"{LOGS}/findings.log",
     params:
         python=PYTHON,
-        results=RESULTS,
+        results=results_folder,
     container:
         RULE_CONTAINER
     shell:
@@ -78,6 +84,7 @@ rule overview:
         findings=f"{RESULTS}/findings.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
         ladders=expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
+        baseline=DIFF_OUTPUTS,
     output:
         md=f"{RESULTS}/SUMMARY.md",
         html=report(
@@ -89,9 +96,40 @@ rule overview:
         f"{LOGS}/overview.log",
     params:
         python=PYTHON,
-        results=RESULTS,
+        results=results_folder,
     container:
         RULE_CONTAINER
     shell:
         "{params.python} -m analysis overview --results {params.results} -o {output.md}"
         " --html {output.html} > {log} 2>&1"
+
+
+# `baseline: FOLDER` in the config: the report includes this results folder diffed against it
+# (python -m analysis diff; docs/diff.md).
+if BASELINE:
+
+    rule diff_baseline:
+        """Run by run, old (the baseline folder) vs new: untraced speed-up with its CI, the
+        kernels and NVTX ranges that account for each change, provenance differences first."""
+        input:
+            image=IMAGE_INPUT,
+            summary=f"{RESULTS}/summary.csv",
+        output:
+            md=report(f"{RESULTS}/diff/summary.md", caption="../report/diff.rst",
+                      category="3. Against the baseline"),
+            runs=report(f"{RESULTS}/diff/runs.csv", caption="../report/diff.rst",
+                        category="3. Against the baseline"),
+            ratios=report(f"{RESULTS}/diff/ratios.png", caption="../report/diff.rst",
+                          category="3. Against the baseline"),
+        log:
+            f"{LOGS}/diff_baseline.log",
+        params:
+            python=PYTHON,
+            baseline=BASELINE,
+            results=results_folder,
+            outdir=lambda wc, output: os.path.dirname(output.md),
+        container:
+            RULE_CONTAINER
+        shell:
+            "{params.python} -m analysis diff {params.baseline} {params.results}"
+            " -o {params.outdir} > {log} 2>&1"

@@ -131,11 +131,29 @@ def markdown(results: Path, figures: list[Path]) -> str:
     flags = flagged(summary)
     if len(flags):
         parts += ["## Flagged runs", "", md_table(flags.fillna("")), ""]
+    parts += baseline_section(results)
     for fig in figures:
         parts += [f"![{fig.stem}]({fig.relative_to(results).as_posix()})", ""]
     counts = summary["status"].value_counts().to_dict()
     parts += [f"{len(summary)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
     return "\n".join(parts)
+
+
+def baseline_section(results: Path) -> list[str]:
+    """The diff against the config's `baseline:` folder (rules/report.smk), when there is one:
+    the verdict counts and the runs that changed."""
+    path = results / "diff" / "runs.csv"
+    if not path.is_file():
+        return []
+    runs = pd.read_csv(path)
+    counts = runs["verdict"].fillna(runs["presence"]).value_counts().to_dict()
+    changed = runs[runs["verdict"].isin(["faster", "slower"])]
+    cols = ["run", "verdict", "old_ms", "new_ms", "change_pct", "speedup"]
+    parts = ["## Against the baseline", "",
+             ", ".join(f"{n} {v}" for v, n in counts.items()) + " (diff/summary.md has why)", ""]
+    if len(changed):
+        parts += [md_table(changed[cols].round(3)), ""]
+    return parts
 
 
 def _findings(results: Path) -> list[str]:
