@@ -87,8 +87,8 @@ def test_cuda_runs_without_gpu_stop_and_point_to_smoke(tmp_path: Path) -> None:
 
 def test_make_run_says_no_gpu_at_once() -> None:
     """`make run`'s first step: no venv, no image, one line pointing to make smoke."""
-    done = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(["make", "--no-print-directory", "-n", "run"], cwd=REPO,
+                          capture_output=True, text=True, check=True)
     first = done.stdout.splitlines()[0]
     assert first.startswith("python3 -m pipeline.checks --gpu --apptainer"), done.stdout
     checks_done = checks_cli("--gpu", env={"CUDA_VISIBLE_DEVICES": "-1"})
