@@ -232,3 +232,21 @@ def test_pipeline_runs_differ_in_one_run(tmp_path: Path, nsys: str) -> None:
         "scaled_dot_product_attention")
     assert diff.write_diff(results["new"], results["old"], out / "reverse",
                            fail_on_slower=10, threshold_pct=20) == 1
+
+
+def test_pair_compares_renamed_runs() -> None:
+    """--pair OLD=NEW: two differently named runs of the published H100 folder (fp32 vs bf16
+    train step of GPT small) compared as one row, their parameter change named."""
+    side = PUBLISHED / "train-fp32-vs-bf16"
+    pairs = {"gpt_small_train_fp32_ctx512": "gpt_small_train_bf16_ctx512"}
+    result = diff.compare(side, side, pairs=pairs)
+    label = "gpt_small_train_fp32_ctx512=gpt_small_train_bf16_ctx512"
+    row = result.runs.set_index("run").loc[label]
+    assert row["presence"] == "both"
+    assert "dtype" in row["params_changed"]
+    times = {name: json.loads((side / "runs" / name / "times.json").read_text())["median_ms"]
+             for name in ("gpt_small_train_fp32_ctx512", "gpt_small_train_bf16_ctx512")}
+    assert row["speedup"] == pytest.approx(
+        times["gpt_small_train_fp32_ctx512"] / times["gpt_small_train_bf16_ctx512"], rel=0.05)
+    with pytest.raises(ValueError, match="no run 'nope' in the old folder"):
+        diff.compare(side, side, pairs={"nope": "gpt_small_train_bf16_ctx512"})

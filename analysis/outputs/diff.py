@@ -2,6 +2,7 @@
 categories and NVTX ranges that account for the change.
 
     python -m analysis diff OLD NEW -o DIR [--threshold PCT] [--fail-on-slower PCT]
+                                           [--pair OLD_RUN=NEW_RUN ...]
 
 OLD and NEW are results folders: a fresh ``results/`` (``<run>/timing/r<i>.json``,
 ``<run>/times.json``, ``<run>/stats/*.csv``) or a published one (``<sub>/runs/<run>/`` holding
@@ -359,9 +360,27 @@ class Diff:
     threshold: float
 
 
-def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Diff:
+def apply_pairs(old_runs: dict[str, Any], new_runs: dict[str, Any],
+                pairs: dict[str, str]) -> dict[str, Any]:
+    """``--pair OLD=NEW``: compare differently named runs (e.g. a matrix run and the ladder
+    rung that replaced it) under the name ``OLD=NEW``; their parameter changes are listed."""
+    old_runs = dict(old_runs)
+    for old_name, new_name in pairs.items():
+        if old_name not in old_runs:
+            raise ValueError(f"--pair {old_name}={new_name}: no run {old_name!r} in the old folder")
+        if new_name not in new_runs:
+            raise ValueError(f"--pair {old_name}={new_name}: no run {new_name!r} in the new folder")
+        label = f"{old_name}={new_name}"
+        old_runs[label] = old_runs.pop(old_name)
+        new_runs[label] = new_runs.pop(new_name)
+    return old_runs
+
+
+def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+            pairs: dict[str, str] | None = None) -> Diff:
     """Match the runs of two results folders and explain every changed one."""
     old_runs, new_runs = find_runs(old), find_runs(new)
+    old_runs = apply_pairs(old_runs, new_runs, pairs or {})
     threshold = threshold_pct / 100
     names = sorted(set(old_runs) | set(new_runs))
     rows = [run_row(n, old_runs.get(n), new_runs.get(n), threshold) for n in names]
@@ -410,10 +429,11 @@ def slower_runs(runs: pd.DataFrame, fail_pct: float) -> pd.DataFrame:
 def write_diff(
     old: Path, new: Path, outdir: Path, fail_on_slower: float | None = None,
     threshold_pct: float = DEFAULT_THRESHOLD_PCT, top: int = DEFAULT_TOP,
+    pairs: dict[str, str] | None = None,
 ) -> int:
     """Write the CSVs, summary.md and ratios.png; 1 when ``fail_on_slower`` (percent) is set
     and a run is slower by at least that much, else 0."""
-    diff = compare(Path(old), Path(new), threshold_pct)
+    diff = compare(Path(old), Path(new), threshold_pct, pairs)
     outdir.mkdir(parents=True, exist_ok=True)
     diff.runs.to_csv(outdir / "runs.csv", index=False)
     diff.provenance.to_csv(outdir / "provenance.csv", index=False)
@@ -630,13 +650,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when a run is slower by at least PCT percent")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP,
                         help="rows per table in summary.md")
+    parser.add_argument("--pair", action="append", default=[], metavar="OLD=NEW",
+                        help="also compare run OLD of the old folder with run NEW of the new "
+                        "one (repeatable), e.g. a run renamed between the two")
+
+
+def _pair(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old or not new:
+        raise ValueError(f"--pair {text!r}: expected OLD_RUN=NEW_RUN")
+    return old, new
 
 
 def run(args: argparse.Namespace) -> int:
     """0, or 1 when --fail-on-slower trips, or 2 on bad input (one-line error on stderr)."""
     try:
+        pairs = dict(_pair(p) for p in args.pair)
         code = write_diff(args.old, args.new, args.outdir, args.fail_on_slower,
-                          args.threshold, args.top)
+                          args.threshold, args.top, pairs)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
