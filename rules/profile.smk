@@ -121,7 +121,9 @@ rule profile:
     container:
         RULE_CONTAINER
     shell:
-        # The capture covers the measured steps only (see CAPTURE_ARGS). Non-registered NVTX
+        # The capture covers the measured steps only (see CAPTURE_ARGS). Kernels replayed
+        # from CUDA graphs (compile: reduce-overhead) are recorded one by one (node trace: nsys'
+        # default traces a graph as a whole and collects no kernels, leaving nothing to explain). Non-registered NVTX
         # strings must count for the NVTX match. nsys.console_stats prints nsys' own summary
         # into the log, next to our CSVs (off by default: it costs a second pass over big
         # captures, and our reports match it value for value). A failed run leaves empty capture files: its
@@ -129,7 +131,8 @@ rule profile:
         "{params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
         " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
-        " --trace={params.trace} --sample=none --cpuctxsw=none {params.capture}"
+        " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
+        " {params.capture}"
         " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"
         " -o {params.prefix}"
         " {params.python} -m workloads {params.workload} --out {output.times}"
