@@ -1,6 +1,11 @@
 # Stage 2: statistics per run (the nsys reports and what nsys lacks), then across runs.
 
 
+# Per run, the tables the report lists under "4. Runs" (kernels, NVTX ranges with their GPU
+# time, GPU time per phase).
+REPORTED_RUN_TABLES = ["cuda_gpu_kern_sum", "nvtx_gpu_proj_sum", "phase_gpu_time"]
+
+
 rule run_stats:
     """The 7 nsys stats reports (same values as `nsys stats`) plus extras, for one run; a run
     that failed gets empty reports and a metrics.json with its status."""
@@ -9,7 +14,20 @@ rule run_stats:
         sqlite=f"{RESULTS}/{{run}}/profile.sqlite",
         times=f"{RESULTS}/{{run}}/times.json",
     output:
-        csvs=[f"{RESULTS}/{{run}}/stats/{report}.csv" for report in STATS_CSVS],
+        # per-run tables the report shows (sortable), the CSVs stay the source
+        csvs=[
+            (
+                report(
+                    f"{RESULTS}/{{run}}/stats/{name}.csv",
+                    caption=f"../report/run_{name}.rst",
+                    category="4. Runs",
+                    subcategory="{run}",
+                )
+                if name in REPORTED_RUN_TABLES
+                else f"{RESULTS}/{{run}}/stats/{name}.csv"
+            )
+            for name in STATS_CSVS
+        ],
         metrics=f"{RESULTS}/{{run}}/stats/metrics.json",
     log:
         f"{LOGS}/run_stats/{{run}}.log",
