@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_core_rule
+from analysis.metrics.durations import durations_table
+from analysis.metrics.idle import idle_table
 from analysis.metrics.occupancy import GpuLimits, occupancy
 from analysis.metrics.phases import write_phase_table
 from analysis.reading.codes import dense_codes
@@ -35,6 +37,8 @@ EXTRA_CSVS: tuple[str, ...] = (
     "kernel_occupancy.csv",
     "gpu_utilization.csv",
     "launch_overhead.csv",
+    "idle_time.csv",
+    "kernel_durations.csv",
 )
 
 
@@ -358,12 +362,18 @@ def compute_extras(ex: Export, ctx: Context | None = None) -> Extras:
     out.tables["gpu_utilization.csv"] = util_table
     launch, launch_med = launch_table(ex, ctx)
     out.tables["launch_overhead.csv"] = launch
+    idle, idle_values = idle_table(ex)
+    out.tables["idle_time.csv"] = idle
+    durations, duration_values = durations_table(ex)
+    out.tables["kernel_durations.csv"] = durations
     k = ex.kernels()
     n_kernels = int(k["start"].size)
     metrics: dict[str, object] = {
         "kernel_time_ns": int((k["end"] - k["start"]).sum()) if n_kernels else None,
         "kernel_count": n_kernels,
         **util,
+        **idle_values,
+        **duration_values,
         "launch_overhead_median_ns": launch_med,
         "tensor_core_share": tc_share,
         "sm_efficiency": sm_eff,
@@ -392,6 +402,10 @@ def run_metrics(sqlite_path: str | os.PathLike[str]) -> dict[str, object]:
       with no GPU activity.
     * ``launch_overhead_median_ns``: median over kernels of kernel start - start of the
       CUDA API call that launched it (matched by correlationId within the process).
+    * ``idle_host_ns``, ``idle_dependency_ns``, ``idle_memory_ns``: ``idle_gap_ns`` per
+      device split by cause (analysis.metrics.idle), summed over devices.
+    * ``kernels_under_10us_share`` / ``kernel_time_under_10us_share``: kernels shorter than
+      10 µs, by count / by time (analysis.metrics.durations).
     * ``tensor_core_share``: kernel time of kernels whose names match the tensor-core
       rules (analysis.metrics.categories) / ``kernel_time_ns``.
     * ``sm_efficiency``: sum(min(blocks / SMs, 1) * duration) / sum(duration) over kernels.

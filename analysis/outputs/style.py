@@ -1,0 +1,190 @@
+"""The report's one visual vocabulary: colors, status marks, units, figure size, saving.
+
+Every figure in analysis/outputs/figures.py draws with these, so a category, a phase or a
+failure looks the same in all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on CI or GPU nodes
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from analysis.metrics.categories import CATEGORIES  # noqa: E402
+
+# -- size: ~10 in at 120 dpi is 1200 px, the width of the HTML report's figure column ----
+WIDTH_IN = 10.0
+DPI = 120
+ROW_IN = 0.3  # height per bar row of a horizontal bar chart
+
+# -- kernel categories: fixed order of CATEGORIES, so a color never moves between runs ----
+_CATEGORY_PALETTE = (
+    "#4C72B0",  # GEMM
+    "#DD8452",  # Attention
+    "#8172B3",  # Softmax
+    "#55A868",  # Normalization
+    "#C44E52",  # Optimizer
+    "#64B5CD",  # Communication
+    "#937860",  # CopyMemset
+    "#DA8BC3",  # Reduction
+    "#CCB974",  # Elementwise
+    "#8C8C8C",  # Other
+)
+CATEGORY_COLORS: dict[str, str] = dict(zip(CATEGORIES, _CATEGORY_PALETTE, strict=True))
+
+# -- training phases (NVTX ranges of workloads/steps.py) ---------------------------------
+PHASES: tuple[str, ...] = ("forward", "loss", "backward", "optimizer", "other")
+PHASE_COLORS: dict[str, str] = {
+    "forward": "#4C72B0",
+    "loss": "#CCB974",
+    "backward": "#DD8452",
+    "optimizer": "#C44E52",
+    "other": "#B0B0B0",
+}
+#: NVTX range name -> phase
+PHASE_RANGES: dict[str, str] = {
+    "forward_pass": "forward",
+    "loss_computation": "loss",
+    "backward_pass": "backward",
+    "optimizer_step": "optimizer",
+    "(step, outside phases)": "other",
+}
+
+# -- idle time causes (analysis/metrics/idle.py) -------------------------------------------
+IDLE_COLORS: dict[str, str] = {
+    "busy": "#55A868",
+    "host": "#C44E52",
+    "dependency": "#8172B3",
+    "memory": "#937860",
+}
+IDLE_LABELS: dict[str, str] = {
+    "busy": "busy (kernels, copies)",
+    "host": "idle: waiting for host launch",
+    "dependency": "idle: kernel dependency / other",
+    "memory": "idle: around memcpy / memset",
+}
+
+# -- run status (pipeline/outcome.py): how a cell that did not run is drawn --------------
+OK = "ok"
+STATUS_LABELS: dict[str, str] = {
+    "ok": "ok",
+    "oom": "OOM",
+    "error": "error",
+    "timeout": "timeout",
+    "unsupported": "unsupported",
+}
+STATUS_HATCH: dict[str, str] = {"oom": "//", "error": "xx", "timeout": "..", "unsupported": "\\\\"}
+STATUS_COLOR = "#B22222"
+TRACED_COLOR = "#A6BDDB"  # the traced (nsys) value beside the untraced one
+MEASURED_COLOR = "#4C72B0"
+
+
+def status_label(status: object) -> str:
+    """Short label of a status; ``capture_oom`` (the traced run failed) -> 'capture OOM'."""
+    text = "no data" if status is None or status != status else str(status)  # NaN != NaN
+    if text.startswith("capture_"):
+        return "capture " + STATUS_LABELS.get(text.removeprefix("capture_"), text)
+    return STATUS_LABELS.get(text, text)
+
+
+def mark_gap(ax: Axes, pos: float, status: object, horizontal: bool = False,
+             width: float = 0.8) -> None:
+    """A hatched, labelled band where a bar would be: the cell did not run (OOM, ...)."""
+    key = str(status).removeprefix("capture_")
+    style = {"hatch": STATUS_HATCH.get(key, "//"), "fill": False, "edgecolor": STATUS_COLOR,
+             "linewidth": 0.0, "alpha": 0.6}  # fmt: skip
+    lo, hi = pos - width / 2, pos + width / 2
+    if horizontal:
+        ax.axhspan(lo, hi, **style)
+        ax.text(0.5, pos, status_label(status), transform=ax.get_yaxis_transform(),
+                ha="center", va="center", color=STATUS_COLOR, fontsize=8, fontweight="bold",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
+    else:
+        ax.axvspan(lo, hi, **style)
+        ax.text(pos, 0.5, status_label(status), transform=ax.get_xaxis_transform(),
+                ha="center", va="center", rotation=90, color=STATUS_COLOR, fontsize=8,
+                fontweight="bold", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+
+def status_legend_handle(status: str) -> Patch:
+    return Patch(facecolor="white", edgecolor=STATUS_COLOR,
+                 hatch=STATUS_HATCH.get(status, "//"), label=status_label(status))
+
+
+# -- units ---------------------------------------------------------------------------------
+def fmt_ms(ms: float) -> str:
+    """A duration given in ms, in the unit that reads best (s, ms, µs)."""
+    if ms is None or not math.isfinite(ms):
+        return "–"
+    if abs(ms) >= 1000:
+        return f"{ms / 1000:.3g} s"
+    if abs(ms) >= 1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1000:.3g} µs"
+
+
+def fmt_ns(ns: float) -> str:
+    return fmt_ms(ns / 1e6)
+
+
+def fmt_tflops(tflops: float) -> str:
+    return "–" if tflops is None or not math.isfinite(tflops) else f"{tflops:.3g} TFLOP/s"
+
+
+GIB = 1024**3
+
+
+def fmt_gib(nbytes: float) -> str:
+    return "–" if nbytes is None or not math.isfinite(nbytes) else f"{nbytes / GIB:.3g} GiB"
+
+
+def fmt_gain(ratio: float) -> str:
+    return "" if ratio is None or not math.isfinite(ratio) else f"×{ratio:.2f}"
+
+
+def fmt_pct(share: float) -> str:
+    return "–" if share is None or not math.isfinite(share) else f"{share * 100:.0f}%"
+
+
+# -- figures -------------------------------------------------------------------------------
+def figure(nrows: int = 1, ncols: int = 1, height: float = 4.0, **kwargs: object
+           ) -> tuple[Figure, object]:
+    """A report-width figure; ``height`` in inches (clamped to stay on a screen or two)."""
+    height = min(max(height, 2.0), 24.0)
+    return plt.subplots(nrows, ncols, figsize=(WIDTH_IN, height), layout="constrained",
+                        squeeze=False, **kwargs)  # fmt: skip
+
+
+def bar_rows_height(rows: int, extra: float = 1.4) -> float:
+    """Height for a horizontal bar chart of ``rows`` bars."""
+    return extra + ROW_IN * max(rows, 1)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write a PNG and close the figure (figures are many; pyplot keeps them otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def empty_figure(path: Path, title: str, reason: str) -> Path:
+    """A labelled placeholder, so every expected PNG exists even without data."""
+    fig, axes = figure(height=2.2)
+    ax = axes[0][0]
+    ax.set_axis_off()
+    ax.set_title(title)
+    ax.text(0.5, 0.5, f"no data: {reason}", ha="center", va="center", wrap=True,
+            fontsize=11, color="#555555")  # fmt: skip
+    return save(fig, path)
+
+
+def short_label(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
