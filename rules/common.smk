@@ -307,7 +307,10 @@ sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 
 # run_stats' declared outputs: the 7 reports and the phase attribution (analysis/metrics/phases.py).
-STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time"]
+# The figures read these per-run extras too (kernel categories, idle gaps by cause, duration
+# histogram); they are declared so that a missing one reruns run_stats.
+STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time", "kernel_categories", "idle_time",
+              "kernel_durations"]
 CALIBRATION_INPUT = f"{RESULTS}/calibration.json" if config["calibrate"] else []
 # One table per ladder and group (e.g. gpt_train_small), from rules/analyze.smk:ladders.
 LADDER_TABLES = sorted({f"{i['ladder']}_{i['ladder_group']}" for i in LADDERS.values()})

@@ -9,6 +9,8 @@ DIFF_OUTPUTS = (
     if BASELINE
     else []
 )
+FIGURE_STATS = ["phase_gpu_time", "kernel_categories", "cuda_gpu_kern_sum", "idle_time",
+                "kernel_durations"]
 PLOTS = [
     "ladder_waterfall",
     "attention_sweep",
@@ -29,6 +31,8 @@ rule plots:
         summary=f"{RESULTS}/summary.csv",
         plan=f"{RESULTS}/plan.json",
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
+        # the per-run tables the figures read
+        stats=expand(f"{RESULTS}/{{run}}/stats/{{name}}.csv", run=PROFILED, name=FIGURE_STATS),
         ladders=expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
     output:
         [

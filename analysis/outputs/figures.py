@@ -138,7 +138,9 @@ def plot_attention_sweep(summary: pd.DataFrame, results: Path, path: Path) -> Pa
     runs = summary[summary["workload"].isin(ATTENTION_WORKLOADS)].copy()
     if runs.empty:
         return style.empty_figure(path, title, "no attention runs in the summary")
-    runs["series"] = runs.apply(_backend, axis=1) + " · " + runs.get("mode", "").astype(str)
+    # (pandas 3 keeps missing values missing through astype(str): fill them first)
+    mode = runs["mode"].fillna("").astype(str) if "mode" in runs else ""
+    runs["series"] = (runs.apply(_backend, axis=1) + " · " + mode).str.rstrip(" ·")
     runs["seq_n"] = num(runs, "seq")
     workloads = [w for w in ATTENTION_WORKLOADS if w in set(runs["workload"])]
     fig, axes = style.figure(len(workloads), 2, height=0.6 + 3.6 * len(workloads))
