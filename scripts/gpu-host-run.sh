@@ -17,6 +17,13 @@ export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
 start=$(date +%s)
+# What this machine made, without the captures, into $OUT: every minute while the pipeline runs
+# (a call cut off by its time limit still brings back what was done) and once at the end.
+save_results() {
+  tar czf $OUT/results-tmp.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' "$results" .snakemake/log \
+    2>/dev/null && mv $OUT/results-tmp.tgz $OUT/results.tgz
+}
+( while sleep 60; do save_results; done ) & saver=$!
 # GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them. A failed
 # run is already a result row; --keep-going lets an unexpected job failure cost only its own
 # outputs. SIGINT at the limit: Snakemake stops its jobs and marks nothing complete.
@@ -25,10 +32,11 @@ timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=1 -
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
 grep -E "Error|steps \(|Nothing to be done|of .* steps" $OUT/snakemake.log | tail -15
-if [ $rc -eq 0 ]; then
+if [ $rc -ne 124 ] && [ $rc -ne 137 ]; then  # a report of what finished, unless cut off
   python3 -m snakemake --configfile "$configfile" "${extra[@]}" --report "$results/report.html" \
     >> $OUT/snakemake.log 2>&1 || echo "report failed"
 fi
 echo "wall time: $(( $(date +%s) - start )) s (pipeline and report)" | tee -a $OUT/snakemake.log
-tar czf $OUT/results.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' "$results" .snakemake/log 2>/dev/null
+kill $saver 2>/dev/null; wait $saver 2>/dev/null
+save_results
 ls -la $OUT
