@@ -256,23 +256,29 @@ def results_folder(wildcards, input):
 def git_state():
     """(commit, dirty) of the checkout, decided at plan time and handed to every job.
 
-    A copy without `.git` (e.g. the tree shipped to a GPU machine) takes them from
-    PROFBENCH_GIT_COMMIT / PROFBENCH_GIT_DIRTY, or from `.profbench-git.json` that
-    scripts/stamp-git.sh writes next to the Snakefile before the copy is made.
+    PROFBENCH_GIT_COMMIT / PROFBENCH_GIT_DIRTY, when set, are taken as they are. A copy of the
+    tree (e.g. shipped to a GPU machine) carries `.profbench-git.json` from
+    scripts/stamp-git.sh: it wins over git when git has no `.git` here, or one that does not
+    know the stamped commit (a stale `.git` copied alongside newer files); a stamp left in a
+    checkout whose HEAD moved on is ignored.
     """
+    if os.environ.get(GIT_COMMIT_VAR):
+        return os.environ[GIT_COMMIT_VAR], os.environ.get(GIT_DIRTY_VAR) == "1"
+
     def git(*args):
         done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
+    stamp = REPO / ".profbench-git.json"
+    info = json.loads(stamp.read_text()) if stamp.is_file() else {}
+    stamped = info.get("commit")
+    if stamped and stamped != commit and (
+        commit is None or git("cat-file", "-e", f"{stamped}^{{commit}}") is None
+    ):
+        return stamped, bool(info.get("dirty"))
     if commit:
         return commit, bool(git("status", "--porcelain", "--untracked-files=no"))
-    if os.environ.get(GIT_COMMIT_VAR):
-        return os.environ[GIT_COMMIT_VAR], os.environ.get(GIT_DIRTY_VAR) == "1"
-    stamp = REPO / ".profbench-git.json"
-    if stamp.is_file():
-        info = json.loads(stamp.read_text())
-        return info.get("commit"), bool(info.get("dirty"))
     return None, None
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,45 @@ def test_pipeline_installs_nsys_when_none_is_found(tmp_path: Path) -> None:
     profile_jobs = done.stdout.split("rule profile:")[1:]
     assert profile_jobs and all("nsys-2024.2.3/.complete" in job.split("output:")[0]
                                 for job in profile_jobs)
+
+
+def _copy_with_git(tmp_path: Path) -> tuple[Path, str, str]:
+    """The workflow copied into a fresh git repository with two commits; (copy, first, HEAD)."""
+    copy = tmp_path / "copy"
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (REPO / name).is_file() and not name.startswith(("tests/fixtures/", "published/")):
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    git = ["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "two"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return copy, first, head
+
+
+def _planned_git(copy: Path, workdir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFBENCH_GIT_")}
+    env["PYTHONPATH"] = str(copy)
+    subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(copy / "Snakefile"),
+                    "--directory", str(workdir), "--cores", "1", "results/smoke/plan.json",
+                    "--configfile", str(SMOKE_CONFIG)], env=env, check=True, capture_output=True)
+    return json.loads((workdir / "results" / "smoke" / "plan.json").read_text())["git"]
+
+
+def test_git_stamp_wins_over_a_stale_git_copy_only(tmp_path: Path) -> None:
+    """A tree shipped with an older .git: the stamped commit (unknown to that .git) is the
+    provenance; a stamp left behind in a checkout that moved on is ignored."""
+    copy, first, head = _copy_with_git(tmp_path)
+    stamp = copy / ".profbench-git.json"
+    newer = "f" * 40  # a commit this .git has never seen: the tree is newer than its .git
+    stamp.write_text(json.dumps({"commit": newer, "dirty": False}))
+    assert _planned_git(copy, tmp_path / "a") == {"commit": newer, "dirty": False}
+    stamp.write_text(json.dumps({"commit": first, "dirty": True}))  # stale: HEAD moved on
+    assert _planned_git(copy, tmp_path / "b")["commit"] == head

@@ -24,7 +24,8 @@ START_TIMEOUT_S = 600
 
 
 def _group_commands(pgid: int) -> list[str]:
-    """Command lines of the live processes in one process group."""
+    """Command lines of the live processes in one process group (zombies, already dead and
+    waiting for init to reap them, do not count)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -32,8 +33,10 @@ def _group_commands(pgid: int) -> list[str]:
         try:
             if os.getpgid(int(entry.name)) != pgid:
                 continue
-            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, ProcessLookupError):
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ProcessLookupError, IndexError):
             continue
     return found
 
@@ -79,6 +82,9 @@ def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     # SIGKILL leaves nothing running either: the whole group is gone
+    deadline = time.monotonic() + 30
+    while _group_commands(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not _group_commands(proc.pid)
     return finished
 

@@ -87,8 +87,12 @@ class GpuStateRecorder:
         if self.nvml is None:
             return {"available": False, "reason": self.reason}
         before, after = self.snapshots.get("before", {}), self.snapshots.get("after", {})
-        return {"available": True, "before": before, "after": after,
-                "flags": flags(before, after)}
+        return {"available": True, "driver_version": _query(self.driver_version),
+                "before": before, "after": after, "flags": flags(before, after)}
+
+    def driver_version(self) -> str:
+        version = self.nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def read_state(nvml: Any, handle: Any) -> dict[str, Any]:

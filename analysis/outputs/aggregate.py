@@ -140,6 +140,8 @@ def run_row(
                             if k not in ("status", "message")}))
     row.update(flatten("gpu_state", {"flags": ";".join(gpu_flags(timing))}))
     row.update(flatten("provenance", first.get("provenance", {})))
+    # the driver, as NVML reported it during the timing run (None without NVML)
+    row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
     return row
 
 

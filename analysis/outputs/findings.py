@@ -59,6 +59,11 @@ class Finding:
     gain_significant: bool | None = None
 
 
+def _present(params: dict[str, Any]) -> dict[str, Any]:
+    """A summary row as parameters: empty cells (NaN) are unset keys, not values."""
+    return {k: v for k, v in params.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
 class Context:
     """One results folder: the summary and lazily read per-run CSVs."""
 
@@ -97,12 +102,12 @@ class Context:
                 & (self.summary["status"] == OK)
             ].sort_values("rung_index")
             for _, row in same.iterrows():
-                if changes(row.to_dict()):
+                if changes(_present(row.to_dict())):
                     return str(row["run"])
         plan = read_json(self.results / "plan.json") or {}
         for comp in plan.get("comparisons", []):
             if comp["a"] == run and comp["b"] in self.by_run.index:
-                if changes(self.by_run.loc[comp["b"]].to_dict()):
+                if changes(_present(self.by_run.loc[comp["b"]].to_dict())):
                     return comp["b"]
         return None
 

@@ -63,9 +63,12 @@ def provenance_line(summary: pd.DataFrame, plan: dict[str, Any]) -> str:
     env = row.get("provenance_environment", "?")
     image = row.get("provenance_definition_sha256")
     where = f"container {str(image)[:12]}" if env == "container" and image else str(env)
+    dates = sorted(summary["provenance_date"].dropna().astype(str)) if (
+        "provenance_date" in summary.columns) else []
+    when = f"{dates[0]} – {dates[-1]}" if len(dates) > 1 else (dates[0] if dates else "?")
     return (f"GPU: {first('device_name')} · driver {first('provenance_driver')} · torch "
             f"{first('torch')} (CUDA {first('cuda')}) · nsys {first('nsys_version')} · "
-            f"{where} · commit {commit} · {first('provenance_date')}")
+            f"{where} · commit {commit} · {when}")
 
 
 def headline(results: Path) -> pd.DataFrame:
@@ -99,11 +102,20 @@ def attention_best(summary: pd.DataFrame) -> pd.DataFrame:
     att = att.assign(
         variant=[f"{i}:{b}" if i == "sdpa" else str(i)
                  for i, b in zip(att.get("impl"), att.get("sdpa_backend"), strict=False)],
-        shape=[f"b{b} h{h} s{s} d{d} {m} {dt}" for b, h, s, d, m, dt in zip(
-            att["batch"], att["heads"], att["seq"], att["head_dim"], att["mode"], att["dtype"],
-            strict=False)],
+        shape=[f"b{_int(b)} h{_int(h)} s{_int(s)} d{_int(d)} {m} {dt}"
+               for b, h, s, d, m, dt in zip(att["batch"], att["heads"], att["seq"],
+                                            att["head_dim"], att["mode"], att["dtype"],
+                                            strict=False)],
     )
     return att.pivot_table(index="shape", columns="variant", values="tflops", aggfunc="max")
+
+
+def _int(value: Any) -> str:
+    """A shape value as written in the config (CSV floats like 4096.0 back to 4096)."""
+    try:
+        return str(int(float(value)))
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def flagged(summary: pd.DataFrame) -> pd.DataFrame:
