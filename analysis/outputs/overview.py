@@ -118,10 +118,17 @@ def _int(value: Any) -> str:
         return str(value)
 
 
+MESSAGE_CHARS = 160  # of a failed run's message on the front page (summary.csv has it all)
+
+
 def flagged(summary: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in ("run", "status", "flags", "message") if c in summary.columns]
     mask = summary["flags"].fillna("").astype(str) != "" if "flags" in summary else False
-    return summary.loc[mask, cols]
+    table = summary.loc[mask, cols].copy()
+    if "message" in table:
+        table["message"] = [m if not isinstance(m, str) or len(m) <= MESSAGE_CHARS
+                            else m[: MESSAGE_CHARS - 1] + "…" for m in table["message"]]
+    return table
 
 
 def markdown(results: Path, figures: list[Path]) -> str:
@@ -175,11 +182,16 @@ def _findings(results: Path) -> list[str]:
     table = pd.read_csv(path)
     from analysis.outputs.findings import Finding
 
-    out = []
-    for rec in table.to_dict("records"):
-        rec = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
-        out.append(finding_sentence(Finding(**rec)))
-    return out
+    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+               for r in table.to_dict("records")]
+    # the front page shows each rule's strongest finding before a rule's second one
+    firsts, seen = [], set()
+    for rec in records:
+        if rec["rule"] not in seen:
+            seen.add(rec["rule"])
+            firsts.append(rec)
+    rest = [rec for rec in records if not any(rec is f for f in firsts)]
+    return [finding_sentence(Finding(**rec)) for rec in firsts + rest]
 
 
 def to_html(md: str, results: Path) -> str:
