@@ -271,7 +271,7 @@ def _sublayer_panel(ax: object, parts: pd.DataFrame) -> None:
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("% of the step's GPU time")
-    ax.set_title("sublayers (NVTX)", fontsize=10)
+    ax.set_title("sublayers, forward launches (NVTX)", fontsize=10)
     ax.figure.legend(*ax.get_legend_handles_labels(), loc="outside lower right", fontsize=7,
                      ncols=3)
 
