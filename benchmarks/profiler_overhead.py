@@ -28,9 +28,10 @@ CAPTURE = "--capture-range=nvtx --nvtx-capture=profiled_region --capture-range-e
 # name -> nsys profile flags (the capture range is added to each)
 SETTINGS = {
     "full": "--trace=cuda,nvtx,osrt",
-    "default": "--trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none",
+    "osrt": "--trace=cuda,nvtx,osrt --sample=none --cpuctxsw=none",
     "lean": "--trace=cuda,nvtx --sample=none --cpuctxsw=none",
-    "graph_nodes": "--trace=cuda,nvtx --sample=none --cpuctxsw=none --cuda-graph-trace=node",
+    # the pipeline's capture (rules/profile.smk with config nsys.trace: cuda,nvtx)
+    "default": "--trace=cuda,nvtx --sample=none --cpuctxsw=none --cuda-graph-trace=node",
     "cuda_only": "--trace=cuda --sample=none --cpuctxsw=none",
 }
 
