@@ -109,17 +109,11 @@ def add_results_commands(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("a", type=Path, help="baseline run folder (with timing/r*.json)")
     sp.add_argument("b", type=Path, help="candidate run folder")
     sp.add_argument("-o", "--output", type=Path, required=True, help="CSV to write")
-    ld = sub.add_parser("ladders", help="one table per optimization ladder")
-    ld.set_defaults(handler=run_ladders)
-    ld.add_argument("--results", type=Path, required=True, help="results folder")
+    ld = _over_results(sub, "ladders", "one table per optimization ladder", run_ladders,
+                       "output folder")
     ld.add_argument("--plan", type=Path, default=None, help="plan.json (default: in results)")
-    ld.add_argument("--summary", type=Path, default=None, help="summary.csv (default: in results)")
-    ld.add_argument("-o", "--output", type=Path, required=True, help="output folder")
-    fd = sub.add_parser("findings", help="rules over the statistics, with measured gains")
-    fd.set_defaults(handler=run_findings)
-    fd.add_argument("--results", type=Path, required=True, help="results folder")
-    fd.add_argument("--summary", type=Path, default=None, help="summary.csv (default: in results)")
-    fd.add_argument("-o", "--output", type=Path, required=True, help="CSV to write")
+    _over_results(sub, "findings", "rules over the statistics, with measured gains",
+                  run_findings, "CSV to write")
     pl = sub.add_parser("plots", help="the report's figures (PNG)")
     pl.set_defaults(handler=run_plots)
     pl.add_argument("--summary", type=Path, required=True, help="summary.csv (aggregate)")
@@ -133,6 +127,18 @@ def add_results_commands(sub: argparse._SubParsersAction) -> None:
     df = sub.add_parser("diff", help="two results folders, run by run, with the ranges why")
     diff.add_arguments(df)
     df.set_defaults(handler=diff.run)
+
+
+def _over_results(sub: argparse._SubParsersAction, name: str, helptext: str, handler,
+                  output_help: str) -> argparse.ArgumentParser:
+    """A command reading a results folder (and its summary.csv) and writing ``-o``."""
+    parser = sub.add_parser(name, help=helptext)
+    parser.set_defaults(handler=handler)
+    parser.add_argument("--results", type=Path, required=True, help="results folder")
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="summary.csv (default: in results)")
+    parser.add_argument("-o", "--output", type=Path, required=True, help=output_help)
+    return parser
 
 
 def _summary(args: argparse.Namespace):  # -> pd.DataFrame; pandas is imported lazily

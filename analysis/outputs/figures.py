@@ -288,17 +288,24 @@ def plot_kernel_categories(summary: pd.DataFrame, results: Path, path: Path) -> 
     if not shares:
         return style.empty_figure(path, title, "no GPU kernels (stats/kernel_categories.csv)")
     frame = pd.DataFrame(shares).T.reindex(columns=list(CATEGORIES)).fillna(0)
+    parts = {cat: (cat, style.CATEGORY_COLORS[cat]) for cat in CATEGORIES if frame[cat].sum() > 0}
+    return _stacked_shares(frame, parts, "% of GPU time (kernels + memcpy/memset)", title, path)
+
+
+def _stacked_shares(frame: pd.DataFrame, parts: dict[str, tuple[str, str]], xlabel: str,
+                    title: str, path: Path) -> Path:
+    """One horizontal bar per run (row of ``frame``), stacked by column as % (0-100);
+    ``parts``: column -> (legend label, color), in stacking order."""
     fig, axes = style.figure(height=style.bar_rows_height(len(frame), 1.8))
     ax = axes[0, 0]
     y, left = np.arange(len(frame)), np.zeros(len(frame))
-    for cat in CATEGORIES:
-        if frame[cat].sum() > 0:
-            ax.barh(y, frame[cat] * 100, left=left, color=style.CATEGORY_COLORS[cat], label=cat)
-            left += frame[cat].to_numpy() * 100
+    for column, (label, color) in parts.items():
+        ax.barh(y, frame[column] * 100, left=left, color=color, label=label)
+        left += frame[column].to_numpy() * 100
     ax.set_yticks(y, [style.short_label(r) for r in frame.index], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
-    ax.set_xlabel("% of GPU time (kernels + memcpy/memset)")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title)
     return style.save(fig, path)
@@ -408,20 +415,9 @@ def plot_idle_time(summary: pd.DataFrame, results: Path, path: Path) -> Path:
     frame = idle_frame(results, run_names(summary, results))
     if frame.empty:
         return style.empty_figure(path, title, "no stats/idle_time.csv (rerun `analysis extras`)")
-    fig, axes = style.figure(height=style.bar_rows_height(len(frame), 1.8))
-    ax = axes[0, 0]
-    y, left = np.arange(len(frame)), np.zeros(len(frame))
-    for part in frame.columns:
-        ax.barh(y, frame[part] * 100, left=left, color=style.IDLE_COLORS[part],
-                label=style.IDLE_LABELS[part])  # fmt: skip
-        left += frame[part].to_numpy() * 100
-    ax.set_yticks(y, [style.short_label(r) for r in frame.index], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 100)
-    ax.set_xlabel("% of the capture's GPU span (first to last GPU op)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title)
-    return style.save(fig, path)
+    parts = {part: (style.IDLE_LABELS[part], style.IDLE_COLORS[part]) for part in frame.columns}
+    return _stacked_shares(frame, parts, "% of the capture's GPU span (first to last GPU op)",
+                           title, path)
 
 
 # -- 8. kernel durations --------------------------------------------------------------------
