@@ -204,6 +204,10 @@ def to_html(md: str, results: Path) -> str:
         if table:
             body.append(_html_table(table))
             table = []
+        is_item = line[:1].isdigit() and ". " in line[:4]
+        if in_list and not is_item:  # the list ends before whatever follows it
+            body.append("</ol>")
+            in_list = False
         if line.startswith("# "):
             body.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line.startswith("## "):
@@ -212,20 +216,17 @@ def to_html(md: str, results: Path) -> str:
             src = line[line.index("(") + 1 : -1]
             data = base64.b64encode((results / src).read_bytes()).decode()
             body.append(f'<img alt="{html.escape(src)}" src="data:image/png;base64,{data}">')
-        elif line[:1].isdigit() and ". " in line[:4]:
+        elif is_item:
             if not in_list:
                 body.append("<ol>")
                 in_list = True
             body.append(f"<li>{_inline(line.split('. ', 1)[1])}</li>")
-            continue
         elif line:
             body.append(f"<p>{_inline(line)}</p>")
-        if in_list and not (line[:1].isdigit()):
-            body.insert(len(body) - 1, "</ol>")
-            in_list = False
     style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
              "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;"
-             "padding:3px 8px;text-align:right}img{max-width:100%;margin:.5em 0}")
+             "padding:3px 8px;text-align:right}img{max-width:100%;margin:.5em 0}"
+             "li,p{overflow-wrap:anywhere}")
     # Marks how many figures the browser decoded (the report test reads it back).
     script = ("<script>window.addEventListener('load',()=>{const i=[...document.images];"
               "document.body.dataset.images=i.length;document.body.dataset.imagesDecoded="
