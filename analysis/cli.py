@@ -20,8 +20,14 @@ from analysis.reading import Export, ExportError
 from analysis.reports import REPORTS
 from analysis.reports.nsys_stats import Context, prepare_reading, run_reports
 
+# Commands whose options live in modules that import pandas (~0.3 s): their parsers are
+# built only when one of them is asked for, so a per-export command starts without pandas.
+PANDAS_COMMANDS = ("aggregate", "diff")
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; ``command`` (the first argument) decides whether the pandas-backed commands
+    get their full options (None: all of them, as for ``--help``)."""
     p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (
@@ -54,12 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
-    add_results_commands(sub)
+    add_results_commands(sub, full=command is None or command in PANDAS_COMMANDS
+                         or command.startswith("-"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         return args.handler(args)
     except ExportError as exc:
@@ -97,13 +105,15 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_results_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands over a results folder (the pipeline's outputs across runs)."""
-    from analysis.outputs import aggregate, diff
-
+def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> None:
+    """Commands over a results folder (the pipeline's outputs across runs); without ``full``,
+    aggregate and diff are listed but not given their options."""
     ag = sub.add_parser("aggregate", help="summary.csv: one row per run")
-    aggregate.add_arguments(ag)
-    ag.set_defaults(handler=aggregate.run)
+    if full:
+        from analysis.outputs import aggregate
+
+        aggregate.add_arguments(ag)
+        ag.set_defaults(handler=aggregate.run)
     sp = sub.add_parser("speedup", help="untraced speed-up of run B over run A, with its CI")
     sp.set_defaults(handler=run_speedup)
     sp.add_argument("a", type=Path, help="baseline run folder (with timing/r*.json)")
@@ -125,8 +135,11 @@ def add_results_commands(sub: argparse._SubParsersAction) -> None:
     ov.add_argument("-o", "--output", type=Path, required=True, help="Markdown to write")
     ov.add_argument("--html", type=Path, default=None, help="also a self-contained HTML page")
     df = sub.add_parser("diff", help="two results folders, run by run, with the ranges why")
-    diff.add_arguments(df)
-    df.set_defaults(handler=diff.run)
+    if full:
+        from analysis.outputs import diff
+
+        diff.add_arguments(df)
+        df.set_defaults(handler=diff.run)
 
 
 def _over_results(sub: argparse._SubParsersAction, name: str, helptext: str, handler,
