@@ -102,7 +102,8 @@ def attention_best(summary: pd.DataFrame) -> pd.DataFrame:
     att = att.assign(
         variant=[f"{i}:{b}" if i == "sdpa" else str(i)
                  for i, b in zip(att.get("impl"), att.get("sdpa_backend"), strict=False)],
-        shape=[f"b{_int(b)} h{_int(h)} s{_int(s)} d{_int(d)} {m} {dt}"
+        shape=[" ".join(p for p in (f"b{_int(b)} h{_int(h)} s{_int(s)} d{_int(d)}",
+                                    _text(m), _text(dt)) if p)
                for b, h, s, d, m, dt in zip(att["batch"], att["heads"], att["seq"],
                                             att["head_dim"], att["mode"], att["dtype"],
                                             strict=False)],
@@ -119,6 +120,11 @@ def _int(value: Any) -> str:
 
 
 MESSAGE_CHARS = 160  # of a failed run's message on the front page (summary.csv has it all)
+
+
+def _text(value: Any) -> str:
+    """A CSV cell as text; an empty cell (NaN) is no text."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
 def flagged(summary: pd.DataFrame) -> pd.DataFrame:
