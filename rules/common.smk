@@ -491,8 +491,9 @@ def gpu_job_runtime(wildcards, attempt) -> int:
 # - now, while the workflow is read (also for a dry run): the results folder must be writable,
 #   since planning itself fails in an unusable one (e.g. a file where a folder should be);
 # - when Snakemake is about to run jobs (onstart: not for a dry run, --dag, --lint, --report,
-#   nor when nothing is to be done), for the runs whose profile job will run: disk space,
-#   nsys (host runs), a GPU (runs that ask for CUDA), apptainer (--use-singularity).
+#   nor when nothing is to be done): disk space and nsys (host runs) for the runs whose
+#   profile job will run, a GPU for the runs whose profile or timing jobs will run and ask
+#   for CUDA, apptainer (--use-singularity).
 #   A dry run does not check the machine: planning the GPU matrix on a laptop is fine.
 from pipeline import checks as _checks  # noqa: E402
 

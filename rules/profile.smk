@@ -122,12 +122,13 @@ rule profile:
         RULE_CONTAINER
     shell:
         # The capture covers the measured steps only (see CAPTURE_ARGS). Kernels replayed
-        # from CUDA graphs (compile: reduce-overhead) are recorded one by one (node trace: nsys'
-        # default traces a graph as a whole and collects no kernels, leaving nothing to explain). Non-registered NVTX
-        # strings must count for the NVTX match. nsys.console_stats prints nsys' own summary
-        # into the log, next to our CSVs (off by default: it costs a second pass over big
-        # captures, and our reports match it value for value). A failed run leaves empty capture files: its
-        # times.json status says why, and run_stats never reads them.
+        # from CUDA graphs (compile: reduce-overhead) are recorded one by one (node trace:
+        # nsys' default traces a graph as a whole and keeps none of its kernels).
+        # Non-registered NVTX strings must count for the NVTX match. nsys.console_stats prints
+        # nsys' own summary into the log, next to our CSVs (off by default: it costs a second
+        # pass over big captures, and our reports match it value for value). A failed run
+        # leaves empty capture files: its times.json status says why, and run_stats never
+        # reads them.
         "{params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
         " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"

@@ -12,7 +12,6 @@ speed-up with its 95% CI.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.outputs.runs import OK, read_json
+from analysis.outputs.runs import OK, empty_cell, read_json
 from analysis.outputs.speedup import speedup_row
 
 SUMMARY = "summary.csv"
@@ -61,7 +60,7 @@ class Finding:
 
 def _present(params: dict[str, Any]) -> dict[str, Any]:
     """A summary row as parameters: empty cells (NaN) are unset keys, not values."""
-    return {k: v for k, v in params.items() if not (isinstance(v, float) and math.isnan(v))}
+    return {k: v for k, v in params.items() if not empty_cell(v)}
 
 
 class Context:
@@ -81,7 +80,7 @@ class Context:
 
     def cell(self, run: str, column: str) -> Any:
         value = self.by_run.loc[run].get(column) if run in self.by_run.index else None
-        return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+        return None if empty_cell(value) else value
 
     def category_share(self, run: str, category: str) -> float | None:
         table = self.stats(run, "kernel_categories")

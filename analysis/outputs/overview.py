@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.outputs.findings import finding_sentence, findings_table
-from analysis.outputs.runs import OK, read_json
+from analysis.outputs.runs import OK, empty_cell, read_json
 
 KEY_FIGURES = ["ladder_waterfall", "attention_sweep", "phase_gpu_time", "kernel_categories"]
 TOP_FINDINGS = 6
@@ -124,7 +124,7 @@ MESSAGE_CHARS = 160  # of a failed run's message on the front page (summary.csv 
 
 def _text(value: Any) -> str:
     """A CSV cell as text; an empty cell (NaN) is no text."""
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    return "" if empty_cell(value) else str(value)
 
 
 def flagged(summary: pd.DataFrame) -> pd.DataFrame:
@@ -188,7 +188,7 @@ def _findings(results: Path) -> list[str]:
     table = pd.read_csv(path)
     from analysis.outputs.findings import Finding
 
-    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+    records = [{k: (None if empty_cell(v) else v) for k, v in r.items()}
                for r in table.to_dict("records")]
     # the front page shows each rule's strongest finding before a rule's second one
     firsts, seen = [], set()

@@ -12,6 +12,7 @@ Layout (written by the pipeline, docs/timing.md):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ class Timing:
 def step_times(record: dict[str, Any]) -> list[float]:
     """A record's per-step times: the workload's primary timer (CUDA events on a GPU)."""
     return list(record.get("step_ms") or record.get("step_times_ms") or [])
+
+
+def empty_cell(value: Any) -> bool:
+    """A summary/CSV cell that holds nothing: None, or the NaN pandas reads for an empty one."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
