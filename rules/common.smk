@@ -474,6 +474,25 @@ def _run_needs(run):
     return mem_mb, minutes
 
 
+def timing_threads() -> int:
+    """Every core of this invocation (--cores): an untraced timing job then runs alone, with
+    no analysis job or capture export beside it taking the CPU that runs the workload (on a
+    CPU device) or launches its kernels (a launch-bound GPU step). On a 2-core CPU machine,
+    one busy process beside a 2-thread attention step took its slowest steps from 0.5 to
+    4-32 ms. Remote executors (Slurm) give each job its own allocation: one thread there."""
+    try:
+        return workflow.cores
+    except WorkflowError:  # no --cores: a remote executor
+        return 1
+
+
+# A timing job's workload runs with the thread count its capture had (a one-thread job):
+# the same CPU-side work in both, whatever --cores is.
+ONE_THREAD_ENV = " ".join(f"{name}=1" for name in (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"))
+
+
 def gpu_job_mem_mb(wildcards, attempt) -> int:
     """Host memory (MB) of a GPU job, doubled on each retry."""
     return int(_run_needs(wildcards.get("run"))[0] * attempt)

@@ -80,6 +80,9 @@ rule time_run:
         workload=lambda wc: workload_args(wc.run),
         guard=GUARD,
         python=PYTHON,
+        one_thread=ONE_THREAD_ENV,
+    # all of --cores: nothing else runs beside a timing job (timing_threads says why)
+    threads: timing_threads()
     resources:
         gpu=1,
         mem_mb=gpu_job_mem_mb,
@@ -87,7 +90,9 @@ rule time_run:
     container:
         RULE_CONTAINER
     shell:
-        "{params.guard} --run {wildcards.run} --out {output} --"
+        # The cores keep other jobs away; the workload itself keeps the one CPU thread of its
+        # capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads).
+        "{params.one_thread} {params.guard} --run {wildcards.run} --out {output} --"
         " {params.python} -m workloads {params.workload} --out {output} > {log} 2>&1"
 
 

@@ -241,15 +241,21 @@ def test_one_gpu_job_at_a_time_while_analysis_overlaps(local_run: Path) -> None:
     assert len(gpu) == 1 + 2 * len(SELECT) and len(analysis) == len(SELECT)
     for before, after in zip(gpu, gpu[1:], strict=False):
         assert not overlaps(before, after), (before, after)
-    assert any(overlaps(a, g) for a in analysis for g in gpu), intervals
+    # an untraced timing job takes every core (rules: timing_threads): nothing runs beside it
+    timing = [i for i in gpu if i[2] == "time_run"]
+    assert not any(overlaps(a, t) for a in analysis for t in timing), intervals
+    # the analysis of one run overlaps the capture of another
+    captures = [i for i in gpu if i[2] == "profile"]
+    assert any(overlaps(a, c) for a in analysis for c in captures), intervals
 
 
 def test_without_the_one_gpu_cap_gpu_jobs_do_overlap(
     tmp_path: Path, nsys: str,
 ) -> None:
     """The control for the test above: the same check sees overlap when three GPU slots are
-    allowed, so it is profiles/default's `gpu: 1` that keeps GPU jobs apart."""
-    targets = [f"{RESULTS}/{run}/timing/r0.json" for run in SELECT]
+    allowed, so it is profiles/default's `gpu: 1` that keeps GPU jobs apart. (Captures: a
+    timing job takes every core and would run alone anyway.)"""
+    targets = [f"{RESULTS}/{run}/profile.sqlite" for run in SELECT]
     snakemake(tmp_path, *targets, "--cores", "4", "--resources", "gpu=3",
               "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(SELECT)}]")
     gpu = sorted(i for i in job_intervals(tmp_path) if i[2] in GPU_RULES)
