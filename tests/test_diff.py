@@ -51,12 +51,20 @@ def analyse(export: Path, stats: Path) -> None:
             pd.DataFrame(phase_table(ex)).to_csv(stats / "phase_gpu_time.csv", index=False)
 
 
-def build_side(root: Path, attention_impl: str, attention_export: str) -> None:
-    """Two runs, two untraced timing processes each, a traced times.json and real stats."""
-    for run, args in (("attn", [*ATTENTION, "--impl", attention_impl]), ("gpt", GPT)):
-        for i in range(2):  # one after the other: timings that share the CPU are noise
-            p = workload(args, root / run / "timing" / f"r{i}.json")
-            assert p.wait() == 0, p.stderr.read().decode()[-2000:]
+def time_sides(sides: dict[Path, str]) -> None:
+    """Two untraced timing processes per run and side ({side root: attention impl}). One at
+    a time (timings that share the CPU are noise), the sides taking turns, so a drift of the
+    machine's speed (a shared CI host) reaches both sides alike instead of reading as a change."""
+    for run in ("attn", "gpt"):
+        for i in range(2):
+            for root, impl in sides.items():
+                args = [*ATTENTION, "--impl", impl] if run == "attn" else GPT
+                p = workload(args, root / run / "timing" / f"r{i}.json")
+                assert p.wait() == 0, p.stderr.read().decode()[-2000:]
+
+
+def finish_side(root: Path, attention_export: str) -> None:
+    """The traced times.json and real stats of both runs."""
     for run in ("attn", "gpt"):
         shutil.copy(root / run / "timing" / "r0.json", root / run / "times.json")
     analyse(H100 / f"{attention_export}.sqlite", root / "attn" / "stats")
@@ -67,9 +75,11 @@ def build_side(root: Path, attention_impl: str, attention_export: str) -> None:
 def sides(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """OLD: attention naive; NEW: attention SDPA; the GPT run unchanged."""
     base = tmp_path_factory.mktemp("diff")
-    build_side(base / "old", "naive", "attention_naive_b32_s100_e256")
-    build_side(base / "new", "sdpa", "attention_sdpa_b32_s1000_e256")
-    return base / "old", base / "new"
+    old, new = base / "old", base / "new"
+    time_sides({old: "naive", new: "sdpa"})
+    finish_side(old, "attention_naive_b32_s100_e256")
+    finish_side(new, "attention_sdpa_b32_s1000_e256")
+    return old, new
 
 
 def test_changed_run_faster_unchanged_same(sides: tuple[Path, Path], tmp_path: Path) -> None:
@@ -168,6 +178,9 @@ def test_provenance_difference_listed_first(sides: tuple[Path, Path], tmp_path: 
     assert prov.iloc[0].to_dict()["field"] == "torch"
     assert prov.iloc[0]["new"] == "9.9.9" and bool(prov.iloc[0]["differs"])
     assert prov["differs"].sum() == 1
+    # the nsys that made the captures, from their metadata (metrics.json)
+    made_by = json.loads((old / "attn" / "stats" / "metrics.json").read_text())["nsys_version"]
+    assert prov.set_index("field").loc["nsys", "old"] == made_by
     assert "| torch |" in (tmp_path / "out" / "summary.md").read_text()
 
 
@@ -200,7 +213,7 @@ def smoke_config(impl: str) -> dict:
         "results": "results",
         "timing": {"repeats": 3},
         "calibrate": False,
-        "defaults": {"device": "auto", "dtype": "fp32", "warmup": 1, "steps": 5, "seed": 0},
+        "defaults": {"device": "auto", "dtype": "fp32", "warmup": 2, "steps": 10, "seed": 0},
         "runs": {
             "attn": {"workload": "attention", "impl": impl, "batch": 2, "seq": 256,
                      "embed": 64, "heads": 2, "mode": "forward"},

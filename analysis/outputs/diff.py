@@ -330,12 +330,14 @@ def side_provenance(root: Path, runs: dict[str, Run]) -> dict[str, str]:
 
 
 def _nsys_versions(runs: dict[str, Run]) -> set[str]:
+    """The nsys that made each capture, from the export's metadata (metrics.json)."""
     found = set()
     for run in runs.values():
         for d in run.dirs:
-            path = stats_file(d, "nsys_version.txt")
-            if path is not None:
-                found.add(path.read_text().strip())
+            path = stats_file(d, "metrics.json")
+            metrics = (read_json(path) if path else None) or {}
+            if metrics.get("nsys_version"):
+                found.add(str(metrics["nsys_version"]))
     return found
 
 
