@@ -479,10 +479,14 @@ def timing_threads() -> int:
     no analysis job or capture export beside it taking the CPU that runs the workload (on a
     CPU device) or launches its kernels (a launch-bound GPU step). On a 2-core CPU machine,
     one busy process beside a 2-thread attention step took its slowest steps from 0.5 to
-    4-32 ms. Remote executors (Slurm) give each job its own allocation: one thread there."""
+    4-32 ms. Remote executors (Slurm) give each job its own allocation: one thread there,
+    both where the job is submitted and in its job step (which has `--cores all` of a node
+    whose CPUs the allocation does not hold)."""
+    if workflow.remote_exec:  # the job step on a cluster node
+        return 1
     try:
         return workflow.cores
-    except WorkflowError:  # no --cores: a remote executor
+    except WorkflowError:  # no --cores: submitting to a remote executor
         return 1
 
 

@@ -162,6 +162,11 @@ def test_overview_answers_first(smoke_workdir: Path) -> None:
     md = (out / "SUMMARY.md").read_text()
     assert md.startswith("# profbench results")
     assert "| ladder_tiny |" in md and "Flagged runs" in md
+    # the CPU's attention TFLOP/s are tiny: shown with their digits, never as a bare 0.0
+    row = next(line for line in md.splitlines() if line.startswith("| b1 h2 s64"))
+    summary = pd.read_csv(out / "summary.csv").set_index("run")
+    tflops = summary.loc["attention_core_math", "tflops"]
+    assert 0 < tflops and row.split("|")[2].strip() == f"{tflops:.4g}"
     page = (out / "overview.html").read_text()
     assert "<img" in page and "data:image/png;base64," in page
     assert "http://" not in page and "https://" not in page
