@@ -490,8 +490,8 @@ def timing_threads() -> int:
         return 1
 
 
-# A timing job's workload runs with the thread count its capture had (a one-thread job):
-# the same CPU-side work in both, whatever --cores is.
+# The workload runs with one CPU thread in its capture and in its timing twin (which holds
+# every core, see timing_threads): the same CPU-side work in both, whatever --cores is.
 ONE_THREAD_ENV = " ".join(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"))

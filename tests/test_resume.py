@@ -4,6 +4,7 @@ uninterrupted run ends (same rows, same NVTX counts). No half-written capture is
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -47,9 +48,19 @@ def _profiling_now(pgid: int) -> bool:
     return any(" profile " in cmd and "nsys" in cmd for cmd in _group_commands(pgid))
 
 
-def _finished_runs(results: Path) -> list[str]:
-    """Runs whose capture was analysed completely (the run_stats job ended)."""
-    return sorted(p.parent.parent.name for p in results.glob("*/stats/metrics.json"))
+def _marked_incomplete(workdir: Path, path: Path) -> bool:
+    """Snakemake marks each output of a running job in .snakemake/incomplete/ (named by the
+    base64 of its path in the working directory) and unmarks it once the job has ended."""
+    key = base64.urlsafe_b64encode(str(path.relative_to(workdir)).encode()).decode()
+    return (workdir / ".snakemake" / "incomplete" / key).exists()
+
+
+def _finished_runs(workdir: Path) -> list[str]:
+    """Runs whose capture was analysed completely: the run_stats job ended, not merely wrote
+    metrics.json (its last file; Snakemake still checks the outputs after that, and a job
+    interrupted there is redone)."""
+    return sorted(p.parent.parent.name for p in (workdir / RESULTS).glob("*/stats/metrics.json")
+                  if not _marked_incomplete(workdir, p))
 
 
 def _start_pipeline(workdir: Path, log: Path) -> subprocess.Popen:
@@ -72,12 +83,14 @@ def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
     results = workdir / RESULTS
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while not (_finished_runs(results) and _profiling_now(proc.pid)):
+        while not (_finished_runs(workdir) and _profiling_now(proc.pid)):
             assert proc.poll() is None, (workdir / "first.log").read_text()[-4000:]
             assert time.monotonic() < deadline, "no profile job seen running"
             time.sleep(0.2)
-        finished = {str(p): p.stat().st_mtime_ns for run in _finished_runs(results)
-                    for p in (results / run).rglob("*") if p.is_file()}
+        # a finished run's files, less any a job running now is writing (its timing twin)
+        finished = {str(p): p.stat().st_mtime_ns for run in _finished_runs(workdir)
+                    for p in (results / run).rglob("*")
+                    if p.is_file() and not _marked_incomplete(workdir, p)}
         os.killpg(proc.pid, signum)
         proc.wait(timeout=120)
     finally:
