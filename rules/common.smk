@@ -491,7 +491,8 @@ def timing_threads() -> int:
 
 
 # The workload runs with one CPU thread in its capture and in its timing twin (which holds
-# every core, see timing_threads): the same CPU-side work in both, whatever --cores is.
+# every core, see timing_threads): the same CPU-side work in both, whatever --cores is. Part
+# of the guard's command line (rules/profile.smk: GUARD), so every GPU job has it.
 ONE_THREAD_ENV = " ".join(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"))

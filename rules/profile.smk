@@ -11,7 +11,8 @@ CAPTURE_ARGS = {
     "cudaProfilerApi": "--capture-range=cudaProfilerApi --capture-range-end=stop",
     "none": "",
 }
-GUARD = f"{PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
+# Every GPU job starts its workload through the guard, with one CPU thread (ONE_THREAD_ENV).
+GUARD = f"{ONE_THREAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
 
 
 localrules:
@@ -80,7 +81,6 @@ rule time_run:
         workload=lambda wc: workload_args(wc.run),
         guard=GUARD,
         python=PYTHON,
-        one_thread=ONE_THREAD_ENV,
     # all of --cores: nothing else runs beside a timing job (timing_threads says why)
     threads: timing_threads()
     resources:
@@ -92,7 +92,7 @@ rule time_run:
     shell:
         # The cores keep other jobs away; the workload itself runs with one CPU thread, as in
         # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads).
-        "{params.one_thread} {params.guard} --run {wildcards.run} --out {output} --"
+        "{params.guard} --run {wildcards.run} --out {output} --"
         " {params.python} -m workloads {params.workload} --out {output} > {log} 2>&1"
 
 
@@ -119,7 +119,6 @@ rule profile:
         extra=config["nsys"]["extra_args"],
         stats="true" if config["nsys"]["console_stats"] else "false",
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
-        one_thread=ONE_THREAD_ENV,
     resources:
         gpu=1,
         mem_mb=gpu_job_mem_mb,
@@ -134,8 +133,8 @@ rule profile:
         # nsys' own summary into the log, next to our CSVs (off by default: it costs a second
         # pass over big captures, and our reports match it value for value). A failed run
         # leaves empty capture files: its times.json status says why, and run_stats never
-        # reads them. One CPU thread for the workload, as in its timing twin.
-        "{params.one_thread} {params.guard} --run {wildcards.run} --out {output.times}"
+        # reads them.
+        "{params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
         " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
