@@ -168,7 +168,7 @@ def check_gpu(needing: Iterable[str], why: str = "") -> None:
 
 def check_apptainer(cache: Path) -> None:
     """--use-singularity: apptainer on PATH, the project's cached install, or root on a Debian
-    machine that can install it (what rules/common.smk ensure_apptainer does)."""
+    machine that can install it (what pipeline/tools.py ensure_apptainer does)."""
     if shutil.which("apptainer") or shutil.which("singularity"):
         return
     if (cache / "apptainer" / ".complete").exists():

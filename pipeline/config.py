@@ -1,0 +1,369 @@
+"""The pipeline's configuration, resolved: schema checks, defaults, sweeps, ladders, selection,
+comparisons and the plan record.
+
+Everything here is plain Python (no Snakemake), so it is tested on its own and used by the
+rules (`rules/common.smk` calls :func:`resolve` once and exposes the result to the rules):
+
+    from pipeline.config import resolve
+    plan = resolve(yaml.safe_load(open("config.yaml")))
+    plan.runs            # name -> parameters, every run checked against its workload's schema
+    plan.profiled        # the runs with an nsys capture
+    plan.comparisons     # name -> {name, a, b}: the config's, then each ladder rung vs the last
+
+A bad config raises :class:`ConfigError`, whose message names the offending key
+(``Invalid config at 'sweeps[0].size': ...``).
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import itertools
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMAS = REPO / "schemas"
+
+# Run keys for the pipeline itself, never passed to the workload: name -> (type, default).
+PIPELINE_RUN_KEYS: dict[str, tuple[type, Any]] = {
+    "profile": (bool, True),  # false: untraced timing only (no nsys capture), e.g. big sweeps
+}
+
+
+class ConfigError(ValueError):
+    """A config problem at one key: ``Invalid config at '<where>': <problem>``."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"Invalid config at '{where}': {problem}")
+        self.where, self.problem = where, problem
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+
+@cache
+def top_level_schema() -> dict[str, Any]:
+    """The config schema with its one $ref (the container section) resolved inline."""
+    schema = yaml.safe_load((SCHEMAS / "config.schema.yaml").read_text())
+    container = yaml.safe_load((SCHEMAS / "container.schema.yaml").read_text())
+    schema["properties"]["container"] = container["properties"]["container"]
+    return schema
+
+
+@cache
+def run_schemas() -> dict[str, dict[str, Any]]:
+    """One complete JSON schema per workload: its own keys plus the keys all runs share."""
+    raw = yaml.safe_load((SCHEMAS / "run.schema.yaml").read_text())
+    common = raw["$defs"]["common"]
+    schemas = {}
+    for name, schema in raw["workloads"].items():
+        schema = dict(schema)
+        schema["properties"] = {**common, **schema["properties"]}
+        schemas[name] = schema
+    return schemas
+
+
+def _location(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def _validator_filling_defaults() -> type:
+    """A validator class that also fills in each missing property's `default` (as Snakemake's
+    validate(set_default=True) does), before it descends into that property."""
+    base = jsonschema.validators.validator_for(top_level_schema())
+    check_properties = base.VALIDATORS["properties"]
+
+    def properties(validator, props, instance, schema):  # noqa: ANN001, ANN202
+        if isinstance(instance, dict):
+            for name, sub in props.items():
+                if isinstance(sub, dict) and "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from check_properties(validator, props, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": properties})
+
+
+def validate_top_level(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Check the top-level keys (naming a bad one) and fill in the schema's defaults, in place.
+    Returns ``cfg``."""
+    schema = top_level_schema()
+    try:
+        jsonschema.validate(copy.deepcopy(cfg), schema)
+    except jsonschema.ValidationError as e:
+        raise ConfigError(_location(e), e.message) from None
+    _validator_filling_defaults()(schema).validate(cfg)
+    return cfg
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def pipeline_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's own keys of a run, with defaults."""
+    return {k: params.get(k, default) for k, (_, default) in PIPELINE_RUN_KEYS.items()}
+
+
+def workload_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The run's parameters without the pipeline's own keys."""
+    return {k: v for k, v in params.items() if k not in PIPELINE_RUN_KEYS}
+
+
+def check_keys(where: str, params: dict[str, Any]) -> None:
+    """Unknown workload or parameter names, before any value is looked at."""
+    workload = params.get("workload")
+    schemas = run_schemas()
+    if workload not in schemas:
+        raise ConfigError(
+            f"{where}.workload", f"unknown workload {workload!r}; expected one of {sorted(schemas)}"
+        )
+    allowed = {**schemas[workload]["properties"], **PIPELINE_RUN_KEYS}
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.{key}",
+                f"unknown parameter {key!r} for workload {workload!r}; "
+                f"expected one of {sorted(allowed)}",
+            )
+
+
+def check_run(where: str, params: dict[str, Any]) -> None:
+    """One run's parameters (defaults applied) against its workload's schema."""
+    for key, (kind, _) in PIPELINE_RUN_KEYS.items():
+        if key in params and not isinstance(params[key], kind):
+            raise ConfigError(f"{where}.{key}", f"{params[key]!r} is not of type {kind.__name__}")
+    params = workload_params(params)
+    check_keys(where, params)
+    try:
+        jsonschema.validate(params, run_schemas()[params["workload"]])
+    except jsonschema.ValidationError as e:
+        key = ".".join(str(p) for p in e.absolute_path)
+        raise ConfigError(f"{where}.{key}" if key else where, e.message) from None
+
+
+def expand_sweep(index: int, sweep: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A sweep's cartesian product: list values vary, scalars stay; names from the template."""
+    where = f"sweeps[{index}]"
+    fixed = {k: v for k, v in sweep.items() if k != "name"}
+    axes = {k: v for k, v in fixed.items() if isinstance(v, list)}
+    # Check the sweep's keys first: a typo would otherwise surface as a bad name template.
+    check_keys(where, fixed)
+    for values in itertools.product(*axes.values()):
+        params = {**fixed, **dict(zip(axes, values, strict=True))}
+        try:
+            name = sweep["name"].format(**params)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"{where}.name", f"cannot format {sweep['name']!r}: {e!r}") from None
+        yield name, params
+
+
+@dataclass(frozen=True)
+class Rung:
+    """Where a ladder run sits: its ladder, group (one per value of the base's list keys),
+    rung index and rung name."""
+
+    ladder: str
+    group: str
+    index: int
+    name: str
+
+    def record(self) -> dict[str, Any]:
+        return {"ladder": self.ladder, "ladder_group": self.group, "rung_index": self.index,
+                "rung": self.name}
+
+
+def expand_ladders(cfg: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any], Rung]]:
+    """Ladder runs: name -> (where in the config, parameters, rung).
+
+    Each list value in a ladder's `base` gives one ladder (e.g. one per model size); rung i
+    runs `base` plus the keys of rungs 0..i, so each rung adds one optimization to the last.
+    """
+    out = {}
+    for index, ladder in enumerate(cfg.get("ladders", [])):
+        where = f"ladders[{index}]"
+        base = dict(ladder["base"])
+        check_keys(f"{where}.base", base)
+        axes = {k: v for k, v in base.items() if isinstance(v, list)}
+        for values in itertools.product(*axes.values()):
+            params = {**base, **dict(zip(axes, values, strict=True))}
+            group = "_".join(str(v) for v in values) or "all"
+            seen = set()
+            for i, rung in enumerate(ladder["rungs"]):
+                rung_keys = {k: v for k, v in rung.items() if k != "name"}
+                check_keys(f"{where}.rungs[{i}]", {"workload": params["workload"], **rung_keys})
+                if rung["name"] in seen:
+                    raise ConfigError(f"{where}.rungs[{i}].name", "rung names must be unique")
+                seen.add(rung["name"])
+                params = {**params, **rung_keys}
+                name = f"{ladder['name']}_{group}_{i}_{rung['name']}"
+                out[name] = (f"{where}.rungs[{i}] (run {name})", dict(params),
+                             Rung(ladder["name"], group, i, rung["name"]))
+    return out
+
+
+def resolve_runs(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """All runs by name (sweeps, named runs, ladders), with defaults applied and every run
+    checked against its schema."""
+    runs: dict[str, tuple[str, dict[str, Any]]] = {}  # name -> (where, parameters)
+    for index, sweep in enumerate(cfg["sweeps"]):
+        for name, params in expand_sweep(index, sweep):
+            if name in runs:
+                raise ConfigError(f"sweeps[{index}].name", f"run name {name!r} is not unique")
+            runs[name] = (f"sweeps[{index}] (run {name})", params)
+    for name, params in cfg["runs"].items():
+        if name in runs:
+            raise ConfigError(f"runs.{name}", "name also produced by a sweep")
+        runs[name] = (f"runs.{name}", dict(params or {}))
+    for name, (where, params, _) in expand_ladders(cfg).items():
+        if name in runs:
+            raise ConfigError(where, f"run name {name!r} is also defined elsewhere")
+        runs[name] = (where, params)
+    if not runs:
+        raise ConfigError("runs", "no runs defined (add entries under 'runs' or 'sweeps')")
+    resolved = {}
+    for name, (where, params) in runs.items():
+        merged = {**cfg["defaults"], **params}
+        # Defaults may hold keys that only some workloads take (e.g. 'context' for gpt).
+        allowed = run_schemas().get(merged.get("workload"), {}).get("properties", {})
+        merged = {
+            k: v for k, v in merged.items()
+            if k in params or k in allowed or k in PIPELINE_RUN_KEYS
+        }
+        check_run(where, merged)
+        resolved[name] = merged
+    return resolved
+
+
+def ladder_members(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """run name -> {ladder, ladder_group, rung_index, rung} for every ladder run."""
+    return {name: rung.record() for name, (_, _, rung) in expand_ladders(cfg).items()}
+
+
+def ladder_comparisons(cfg: dict[str, Any]) -> list[dict[str, str]]:
+    """Each rung against the one before it: {name, a, b}."""
+    comps, previous = [], {}
+    for name, info in ladder_members(cfg).items():
+        key = (info["ladder"], info["ladder_group"])
+        if key in previous:
+            comps.append({"name": f"{name}_vs_prev", "a": previous[key], "b": name})
+        previous[key] = name
+    return comps
+
+
+def select_runs(runs: dict[str, Any], patterns: list[str]) -> dict[str, Any]:
+    """The runs whose names match any of the glob patterns (all runs when none are given)."""
+    if not patterns:
+        return runs
+    chosen = {n: p for n, p in runs.items() if any(fnmatch.fnmatchcase(n, g) for g in patterns)}
+    if not chosen:
+        raise ConfigError("select", f"no run matches {patterns}; runs are {sorted(runs)}")
+    return chosen
+
+
+def check_comparisons(cfg: dict[str, Any], runs: dict[str, Any]) -> None:
+    for i, comp in enumerate(cfg["comparisons"]):
+        for side in ("a", "b"):
+            if comp[side] not in runs:
+                raise ConfigError(f"comparisons[{i}].{side}", f"unknown run {comp[side]!r}")
+
+
+def workload_args(params: dict[str, Any]) -> str:
+    """The `python -m workloads` command line of one run (its params drive reruns)."""
+    params = workload_params(params)
+    args = [params.pop("workload")]
+    for key, value in sorted(params.items()):
+        args += [f"--{key}", str(value)]
+    return shlex.join(args)
+
+
+# --- the resolved plan -----------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What one configuration runs: the selected runs and everything derived from them."""
+
+    config: dict[str, Any]
+    all_runs: dict[str, dict[str, Any]]
+    runs: dict[str, dict[str, Any]]
+    profiled: dict[str, dict[str, Any]]
+    ladders: dict[str, dict[str, Any]]
+    comparisons: dict[str, dict[str, str]]
+    git: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def results(self) -> str:
+        return self.config["results"].rstrip("/")
+
+    @property
+    def repeats(self) -> list[int]:
+        return list(range(self.config["timing"]["repeats"]))
+
+    @property
+    def timeout_s(self) -> int:
+        return int(self.config["timeout_min"] * 60)
+
+    @property
+    def ladder_tables(self) -> list[str]:
+        """One table per ladder and group, e.g. gpt_train_small."""
+        return sorted({f"{i['ladder']}_{i['ladder_group']}" for i in self.ladders.values()})
+
+    @property
+    def profiled_comparisons(self) -> list[str]:
+        """Comparisons of two captured runs (they also get the kernel/NVTX comparison)."""
+        return [n for n, c in self.comparisons.items()
+                if c["a"] in self.profiled and c["b"] in self.profiled]
+
+    def workload_args(self, run: str) -> str:
+        return workload_args(self.runs[run])
+
+    def record(self) -> dict[str, Any]:
+        """plan.json: runs, ladders, comparisons and the settings the outputs depend on."""
+        return {
+            "runs": {
+                name: {
+                    "params": workload_params(params),
+                    **pipeline_settings(params),
+                    **self.ladders.get(name, {}),
+                }
+                for name, params in self.runs.items()
+            },
+            "comparisons": list(self.comparisons.values()),
+            "timing": dict(self.config["timing"]),
+            "timeout_min": self.config["timeout_min"],
+            "git": dict(self.git),
+        }
+
+
+def resolve(cfg: dict[str, Any], git: dict[str, Any] | None = None) -> Plan:
+    """Check ``cfg`` (filling in defaults, in place) and resolve what it runs."""
+    validate_top_level(cfg)
+    all_runs = resolve_runs(cfg)
+    check_comparisons(cfg, all_runs)
+    runs = select_runs(all_runs, cfg["select"])
+    comparisons = {
+        c["name"]: c
+        for c in [*cfg["comparisons"], *ladder_comparisons(cfg)]
+        if c["a"] in runs and c["b"] in runs
+    }
+    return Plan(
+        config=cfg,
+        all_runs=all_runs,
+        runs=runs,
+        profiled={n: p for n, p in runs.items() if pipeline_settings(p)["profile"]},
+        ladders={n: info for n, info in ladder_members(cfg).items() if n in runs},
+        comparisons=comparisons,
+        git=dict(git or {}),
+    )
+
+
+def load(path: str | Path, git: dict[str, Any] | None = None) -> Plan:
+    """:func:`resolve` of a YAML config file."""
+    return resolve(yaml.safe_load(Path(path).read_text()) or {}, git)

@@ -1,0 +1,55 @@
+"""What a GPU job reserves on a cluster: host memory and wall time from the run's size and mode.
+
+GPU jobs (calibrate, time_run, profile) declare `gpu=1`; analysis jobs declare none. `mem_mb`
+(host RAM) and `runtime` (minutes) tell a cluster what to reserve: generous estimates from the
+run's size and mode, doubled on a retry and never above the guard's own limit (timeout_min,
+plus start-up and the nsys export), so the guard, not Slurm, ends a run that hangs. A site
+overrides them with --set-resources; each GPU job's `benchmark:` file records its seconds and
+max_rss (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# GPT size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
+GPT_SIZE_NEEDS = {
+    "tiny": (4000, 5),
+    "small": (8000, 10),
+    "medium": (12000, 15),
+    "large": (16000, 20),
+    "xl": (24000, 30),
+    "2.7B": (32000, 40),
+}
+# attention, attention_core and calibrate: a few kernels, dominated by start-up.
+SMALL_JOB_NEEDS = (8000, 10)
+MODE_TIME_FACTOR = {"forward": 1.0, "forward_backward": 2.0, "train": 3.0}
+DEFAULT_STEPS = 15  # warm-up + measured steps the size table assumes
+COMPILE_MIN = 10  # torch.compile's warm-up compilation
+JOB_OVERHEAD_MIN = 10  # process start-up and nsys' SQLite export
+
+
+def run_needs(params: dict[str, Any] | None) -> tuple[float, float]:
+    """(host MB, minutes) a GPU job of a run with ``params`` needs; ``None``: no run
+    (calibrate)."""
+    if params is None:
+        return SMALL_JOB_NEEDS
+    mem_mb, minutes = SMALL_JOB_NEEDS
+    if params["workload"] == "gpt":
+        mem_mb, minutes = GPT_SIZE_NEEDS[params["size"]]
+    minutes *= MODE_TIME_FACTOR.get(params.get("mode", "forward"), 1.0)
+    minutes *= max(1.0, (params.get("warmup", 0) + params.get("steps", 0)) / DEFAULT_STEPS)
+    if params.get("compile", "off") != "off":
+        minutes += COMPILE_MIN
+    return mem_mb, minutes
+
+
+def job_mem_mb(params: dict[str, Any] | None, attempt: int) -> int:
+    """Host memory (MB) of a GPU job, doubled on each retry."""
+    return int(run_needs(params)[0] * attempt)
+
+
+def job_runtime_min(params: dict[str, Any] | None, attempt: int, timeout_min: float) -> int:
+    """Wall time (minutes) of a GPU job, doubled on each retry, at most the guard's limit."""
+    minutes = (run_needs(params)[1] + JOB_OVERHEAD_MIN) * attempt
+    return int(min(minutes, timeout_min + JOB_OVERHEAD_MIN))
