@@ -21,10 +21,12 @@ if not workflow.config_settings.configfiles:
     configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
-report: "report/workflow.rst"
-
-
 include: "rules/common.smk"
+
+
+report: landing_page()
+
+
 include: "rules/container.smk"
 include: "rules/profile.smk"
 include: "rules/analyze.smk"

@@ -134,6 +134,8 @@ def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> 
     ov.add_argument("--results", type=Path, required=True, help="results folder")
     ov.add_argument("-o", "--output", type=Path, required=True, help="Markdown to write")
     ov.add_argument("--html", type=Path, default=None, help="also a self-contained HTML page")
+    ov.add_argument("--rst", type=Path, default=None,
+                    help="also the Snakemake report's landing text (reStructuredText)")
     df = sub.add_parser("diff", help="two results folders, run by run, with the ranges why")
     if full:
         from analysis.outputs import diff
@@ -200,5 +202,6 @@ def run_overview(args: argparse.Namespace) -> int:
     from analysis.outputs.overview import KEY_FIGURES, write_overview
 
     figures = [args.results / "plots" / f"{n}.png" for n in KEY_FIGURES]
-    write_overview(args.results, args.output, args.html, [f for f in figures if f.is_file()])
+    write_overview(args.results, args.output, args.html, [f for f in figures if f.is_file()],
+                   args.rst)
     return 0

@@ -338,6 +338,8 @@ class Plan:
             "comparisons": list(self.comparisons.values()),
             "timing": dict(self.config["timing"]),
             "timeout_min": self.config["timeout_min"],
+            "nsys": {k: self.config["nsys"][k] for k in ("trace", "capture", "extra_args")},
+            "keep_captures": self.config["keep_captures"],
             "git": dict(self.git),
         }
 

@@ -50,6 +50,28 @@ STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time", "kernel_categories", "idle_time",
               "kernel_durations"]
 
 
+# Resume anywhere (docs/reliability.md): nsys captures are temp() outputs, so a results folder
+# whose captures are missing (dropped, or not copied along to another machine) goes on without
+# redoing the runs whose tables exist. keep_captures: true (the default) keeps them on disk:
+# Snakemake's "notemp" setting, which also never recreates a missing temp file that nothing
+# still needs (Snakemake 9.27.1, pinned in pyproject.toml).
+def capture_output(path):
+    return temp(path)
+
+
+workflow.storage_settings.notemp = bool(config["keep_captures"])
+
+
+# The report's first page: the overview rule's landing text (headline table, top findings,
+# the settings that ran) once it exists, else the static description.
+LANDING_PAGE = "report_landing.rst"
+
+
+def landing_page():
+    made = Path(RESULTS) / LANDING_PAGE
+    return str(made.resolve()) if made.is_file() else "report/workflow.rst"
+
+
 def results_folder(wildcards, input):
     """The results folder, as the folder of a rule's summary.csv or plan.json input."""
     return os.path.dirname(input.summary if "summary" in input.keys() else input.plan)

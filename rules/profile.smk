@@ -102,8 +102,11 @@ rule profile:
         image=IMAGE_INPUT,
         nsys=NSYS_INPUT,
     output:
-        sqlite=f"{RESULTS}/{{run}}/profile.sqlite",
-        rep=f"{RESULTS}/{{run}}/profile.nsys-rep",
+        # Captures are temp(): a results folder without them (dropped with keep_captures:
+        # false, or left behind when the folder is copied elsewhere) resumes without redoing
+        # them or the tables made from them (rules/common.smk: capture_output).
+        sqlite=capture_output(f"{RESULTS}/{{run}}/profile.sqlite"),
+        rep=capture_output(f"{RESULTS}/{{run}}/profile.nsys-rep"),
         times=f"{RESULTS}/{{run}}/times.json",
     log:
         f"{LOGS}/profile/{{run}}.log",

@@ -91,6 +91,8 @@ rule overview:
         baseline=DIFF_OUTPUTS,
     output:
         md=f"{RESULTS}/SUMMARY.md",
+        # the Snakemake report's first page (the Snakefile's `report:`, rules/common.smk)
+        landing=f"{RESULTS}/{LANDING_PAGE}",
         html=report(
             f"{RESULTS}/overview.html",
             caption="../report/overview.rst",
@@ -105,7 +107,7 @@ rule overview:
         RULE_CONTAINER
     shell:
         "{params.python} -m analysis overview --results {params.results} -o {output.md}"
-        " --html {output.html} > {log} 2>&1"
+        " --html {output.html} --rst {output.landing} > {log} 2>&1"
 
 
 # `baseline: FOLDER` in the config: the report includes this results folder diffed against it

@@ -2,10 +2,11 @@
 # The pipeline on the lent H100 machine's host environment (no network, no Apptainer image):
 # the same Snakefile, rules and config, with ../shared/gpu-kit copied to ./gpu-kit (nsys
 # importer libraries, nvtx + nvidia-ml-py wheels, Snakemake's cp312 wheelhouse) and
-# .profbench-git.json from scripts/stamp-git.sh (the copy has no .git). Results stay in
-# results/ on the machine, so a second call with the same arguments resumes where the first
-# stopped (Snakemake reruns only what is missing or incomplete).
-# Usage (through the device tool, carrying gpu-kit and .profbench-git.json):
+# .profbench-git.json from scripts/stamp-git.sh (the copy has no .git). The machine comes back
+# bare on every call: what a call made is saved (without captures) to $OUT/results.tgz, and a
+# call that carries such an archive as resume/results.tgz unpacks it first and goes on from
+# there, rerunning only what is missing (docs/reliability.md, "Resume anywhere").
+# Usage (through the device tool, carrying gpu-kit, .profbench-git.json and, to resume, resume):
 #   bash scripts/gpu-host-run.sh [CONFIGFILE] [TIME_LIMIT_S] [SNAKEMAKE ARGS...]
 set -u
 cd "$(dirname "$0")/.."
@@ -17,11 +18,30 @@ export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
 start=$(date +%s)
+if [ -f resume/results.tgz ]; then  # an earlier call's results, file times kept by tar
+  tar xzf resume/results.tgz && echo "resumed from resume/results.tgz: $(find "$results" -name '*.json' | wc -l) JSON records"
+fi
 # What this machine made, without the captures, into $OUT: every minute while the pipeline runs
 # (a call cut off by its time limit still brings back what was done) and once at the end.
+# Outputs of jobs still running are left out (Snakemake marks them in .snakemake/incomplete/
+# before a job starts): a later call must not take a half-written file for a finished one.
+incomplete() {
+  python3 -c 'import base64, pathlib
+for m in sorted(pathlib.Path(".snakemake/incomplete").glob("*")):
+    try: print(base64.urlsafe_b64decode(m.name).decode())
+    except ValueError: pass'
+}
 save_results() {
-  tar czf $OUT/results-tmp.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' "$results" .snakemake/log \
-    2>/dev/null && mv $OUT/results-tmp.tgz $OUT/results.tgz
+  local before try
+  for try in 1 2 3 4 5; do
+    before=$(incomplete)
+    tar czf $OUT/results-tmp.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' \
+      --exclude-from=<(echo "$before") "$results" .snakemake/log 2>/dev/null || return
+    # a job that started meanwhile may be in the archive half-written: then try again
+    if [ -z "$(comm -13 <(echo "$before") <(incomplete))" ]; then
+      mv $OUT/results-tmp.tgz $OUT/results.tgz; return
+    fi
+  done
 }
 ( while sleep 60; do save_results; done ) & saver=$!
 # GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them. A failed

@@ -16,6 +16,7 @@ import json
 import resource
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
 from workloads.gpustate import GpuStateRecorder
+from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
+from workloads.nvtx_ranges import rng
 from workloads.optim import OPTIMIZERS
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
@@ -79,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (attention, core, gpt):
         _flag(p, "dtype", choices=DTYPES, default="fp32")
         _flag(p, "compile", choices=COMPILE_MODES, default="off")
+        _flag(p, "cuda_graph", choices=CUDA_GRAPH_MODES, default="off",
+              help="step: capture the whole step into one CUDA graph and replay it")
         _flag(p, "sdpa_backend", choices=SDPA_BACKENDS, default="auto",
               help="kernel family of F.scaled_dot_product_attention (impl/attention sdpa)")
         _flag(p, "warmup", type=_non_negative, default=3, help="unmeasured steps")
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workload == "calibrate":
         return run_calibrate(args)
-    if args.compile == "reduce-overhead" and args.warmup < 3:
+    if args.compile == "reduce-overhead" and args.cuda_graph == "off" and args.warmup < 3:
         parser.error("--compile reduce-overhead needs --warmup >= 3 (CUDA-graph recording)")
     try:
         device = resolve_device(args.device)
@@ -117,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     record = Record(args, device, memory_limited)
     try:
         configure_precision(args.dtype)
+        if args.cuda_graph == "step":
+            check_capturable(device, args.dtype, args.mode)
         workload = build_workload(args, device)
     except ValueError as err:  # invalid combination of options: a usage error
         record.fail("error", str(err))
@@ -126,14 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         return record.finish_failed(err)
     try:
         gpu = GpuStateRecorder(device)
+        step, graph = workload.step, {}
+        if args.cuda_graph == "step":
+            step, graph = whole_step_graph(step, device)
         measurement = run_steps(
-            workload.step, warmup=args.warmup, steps=args.steps, device=device,
+            step, warmup=args.warmup, steps=args.steps, device=device,
             before_measure=lambda: gpu.snapshot("before"),
             after_measure=lambda: gpu.snapshot("after"),
         )
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
-    record.succeed(workload, measurement, gpu.result())
+    record.succeed(workload, measurement, gpu.result(), graph)
     record.write()
     print(summary_line(record.result))
     return 0
@@ -181,8 +191,12 @@ class Record:
         print(f"{self.args.workload}: {status}: {message.splitlines()[0] if message else ''}")
         return EXIT_CODES[status]
 
-    def succeed(self, workload: Workload, m: Measurement, gpu_state: dict[str, Any]) -> None:
+    def succeed(self, workload: Workload, m: Measurement, gpu_state: dict[str, Any],
+                graph: dict[str, Any] | None = None) -> None:
         stats = m.summary()
+        graph = graph or {}
+        # With a whole-step graph, compilation happened in the eager steps before the capture.
+        compile_s = graph.get("cuda_graph_capture_s") if graph else m.compile_seconds()
         mean_s, median_s = stats["mean_ms"] / 1e3, stats["median_ms"] / 1e3
         name = self.result["device_name"]
         peak = self.args.peak_tflops
@@ -195,7 +209,7 @@ class Record:
             step_times_ms=m.step_times_ms,
             cuda_event_times_ms=m.cuda_event_times_ms or None,
             warmup_times_ms=m.warmup_times_ms,
-            compile_s=None if self.args.compile == "off" else m.compile_seconds(),
+            compile_s=None if self.args.compile == "off" else compile_s,
             **stats,
             tokens_per_s=workload.tokens_per_step / mean_s,
             params_count=workload.params_count,
@@ -207,6 +221,7 @@ class Record:
             peak_tflops=peak,
             mfu=flops.mfu(workload.flops_per_step, mean_s, peak),
             gpu_state=gpu_state,
+            **graph,
         )
 
     def write(self) -> None:
@@ -228,6 +243,7 @@ def build_workload(args: argparse.Namespace, device: torch.device) -> Workload:
         compile=args.compile,
         sdpa_backend=args.sdpa_backend,
         optimizer=getattr(args, "optimizer", "adamw_foreach"),
+        cuda_graph=args.cuda_graph,
     )
     common = dict(
         batch=args.batch, dtype=args.dtype, mode=args.mode, device=device, seed=args.seed,
@@ -245,6 +261,16 @@ def build_workload(args: argparse.Namespace, device: torch.device) -> Workload:
     return build_gpt(
         size=args.size, context=args.context, vocab=args.vocab, attention=args.attention, **common
     )
+
+
+def whole_step_graph(step: Any, device: torch.device) -> tuple[Any, dict[str, Any]]:
+    """The step captured into one CUDA graph (workloads/graphs.py), timed: its eager warm-up
+    and the capture run before the measured steps, inside a `warmup` range."""
+    start = time.perf_counter()
+    with rng("warmup"):
+        replay, record = capture_step(step, device)
+    record["cuda_graph_capture_s"] = time.perf_counter() - start
+    return replay, record
 
 
 def apply_memory_limit(limit_mb: int | None, device: torch.device) -> bool:
@@ -282,6 +308,8 @@ def summary_line(result: dict[str, Any]) -> str:
         variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
     if p["compile"] != "off":
         variant += f" compile={p['compile']}"
+    if p.get("cuda_graph", "off") != "off":
+        variant += f" cuda_graph={p['cuda_graph']}"
     line = (
         f"{variant} {p['mode']} {p['dtype']} on {result['device_name']}: "
         f"{result['mean_ms']:.2f} ms/step (median {result['median_ms']:.2f}, "

@@ -161,12 +161,17 @@ def build_optimizer(
     lr: float,
     low_precision: torch.dtype | None,
     compile_mode: str = "off",
+    capturable: bool = False,
 ) -> torch.optim.Optimizer | MasterAdamW:
-    """The optimizer ``name`` over ``model``'s parameters (see the module docstring)."""
+    """The optimizer ``name`` over ``model``'s parameters (see the module docstring).
+
+    ``capturable``: torch's AdamW keeps its step count on the device (no host sync), so the
+    step can be captured into a CUDA graph (``cuda_graph: step``); MasterAdamW always does.
+    """
     if name == "adamw_foreach":
-        return torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+        return torch.optim.AdamW(model.parameters(), lr=lr, foreach=True, capturable=capturable)
     if name == "adamw_fused":
-        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=capturable)
     if name == "adamw_master":
         return MasterAdamW(model, lr=lr, low_precision=low_precision, compile_mode=compile_mode)
     raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")

@@ -6,6 +6,8 @@ and reused by every step, so a `train` run always fits the same batch.
 
 Compilation (``compile`` != off) wraps the model and the loss separately, so the phase ranges
 (forward_pass, loss_computation, backward_pass, optimizer_step) stay outside compiled code.
+With ``cuda_graph: step`` the whole step is captured into one CUDA graph after it is built
+(workloads/graphs.py); the compiled regions then use mode ``default`` (graphs do not nest).
 """
 
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from workloads.attention import Attention, attention_core, sdpa_backend_context
 from workloads.attention import sdpa_unsupported_reason as _sdpa_reason
 from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
+from workloads.graphs import CUDA_GRAPH_MODES
 from workloads.nvtx_ranges import rng
 from workloads.optim import MasterAdamW, build_optimizer
 from workloads.runner import Step
@@ -47,10 +50,26 @@ class Speed:
     compile: str = "off"
     sdpa_backend: str = "auto"
     optimizer: str = "adamw_foreach"
+    cuda_graph: str = "off"
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile!r}; expected {COMPILE_MODES}")
+        if self.cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"unknown cuda_graph {self.cuda_graph!r}; expected {CUDA_GRAPH_MODES}")
+
+    @property
+    def compile_mode(self) -> str:
+        """The torch.compile mode the regions get: one graph of the whole step replaces
+        reduce-overhead's per-region graphs (CUDA graphs do not nest)."""
+        if self.cuda_graph == "step" and self.compile == "reduce-overhead":
+            return "default"
+        return self.compile
+
+    @property
+    def region_graphs(self) -> bool:
+        """Whether torch.compile replays each compiled region as its own CUDA graph."""
+        return self.compile_mode == "reduce-overhead"
 
 
 def build_attention(
@@ -78,7 +97,7 @@ def build_attention(
     x = torch.randn(batch, seq, embed, generator=generator).to(device)
     # No loss in this workload: backward starts from a fixed random output gradient.
     grad_output = torch.randn(batch, seq, embed, generator=generator).to(device)
-    compiled = compile_callable(model, speed.compile)
+    compiled = compile_callable(model, speed.compile_mode)
 
     def forward() -> torch.Tensor:
         with autocast(device, dtype):
@@ -130,8 +149,8 @@ def build_attention_core(
     def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attention_core(q, k, v, impl, causal=causal)
 
-    compiled = compile_callable(core, speed.compile)
-    graphs = speed.compile == "reduce-overhead"
+    compiled = compile_callable(core, speed.compile_mode)
+    graphs = speed.region_graphs
 
     def step() -> None:
         if graphs:
@@ -190,15 +209,16 @@ def build_gpt(
     if mode == "train":
         low = compute_dtype(dtype) if dtype in ("bf16", "fp16") else None
         optimizer = build_optimizer(
-            speed.optimizer, model, lr=lr, low_precision=low, compile_mode=speed.compile
+            speed.optimizer, model, lr=lr, low_precision=low, compile_mode=speed.compile_mode,
+            capturable=speed.cuda_graph == "step",
         )
-    compiled_model = compile_callable(model, speed.compile)
+    compiled_model = compile_callable(model, speed.compile_mode)
 
     def loss(logits: torch.Tensor) -> torch.Tensor:
         # fp32 loss whatever the activation dtype (what autocast does on CUDA anyway).
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
-    compiled_loss = compile_callable(loss, speed.compile)
+    compiled_loss = compile_callable(loss, speed.compile_mode)
 
     def forward() -> torch.Tensor:
         with autocast(device, dtype):
@@ -244,7 +264,7 @@ def _make_step(
     Backward starts from the scalar loss when there is a ``loss_fn``, else from the model
     output with ``grad_output``. The step returns the loss (or None) without syncing.
     """
-    graphs = speed.compile == "reduce-overhead"
+    graphs = speed.region_graphs
 
     def forward_step() -> None:
         # Inference-style: no autograd graph is recorded, as when serving the model.

@@ -24,6 +24,7 @@ from analysis.outputs.runs import OK, empty_cell, read_json
 
 KEY_FIGURES = ["ladder_waterfall", "attention_sweep", "phase_gpu_time", "kernel_categories"]
 TOP_FINDINGS = 6
+LANDING_FINDINGS = 4  # the report's first page: what fits beside the workflow graph
 
 
 def _num(v: Any) -> float | None:
@@ -99,14 +100,17 @@ def attention_best(summary: pd.DataFrame) -> pd.DataFrame:
     att = summary[(summary["workload"] == "attention_core") & (summary["status"] == OK)]
     if att.empty or "tflops" not in att.columns:
         return pd.DataFrame()
+    def column(name: str) -> pd.Series:  # a key no run set is not a column of the summary
+        return att[name] if name in att.columns else pd.Series([None] * len(att), index=att.index)
+
     att = att.assign(
-        variant=[f"{i}:{b}" if i == "sdpa" else str(i)
-                 for i, b in zip(att.get("impl"), att.get("sdpa_backend"), strict=False)],
+        variant=[f"{i}:{_text(b) or 'auto'}" if i == "sdpa" else str(i)
+                 for i, b in zip(column("impl"), column("sdpa_backend"), strict=True)],
         shape=[" ".join(p for p in (f"b{_int(b)} h{_int(h)} s{_int(s)} d{_int(d)}",
                                     _text(m), _text(dt)) if p)
-               for b, h, s, d, m, dt in zip(att["batch"], att["heads"], att["seq"],
-                                            att["head_dim"], att["mode"], att["dtype"],
-                                            strict=False)],
+               for b, h, s, d, m, dt in zip(column("batch"), column("heads"), column("seq"),
+                                            column("head_dim"), column("mode"), column("dtype"),
+                                            strict=True)],
     )
     return att.pivot_table(index="shape", columns="variant", values="tflops", aggfunc="max")
 
@@ -264,12 +268,88 @@ def _html_table(lines: list[str]) -> str:
     return f"<table><tr>{th}</tr>{trs}</table>"
 
 
+# --- the Snakemake report's first page -------------------------------------------------------
+
+
+def landing_rst(results: Path) -> str:
+    """The report's landing text (reStructuredText), short enough to be seen whole beside the
+    workflow graph: provenance, the headline table, the top findings and how the numbers were
+    made, every setting read from the plan that ran."""
+    summary = pd.read_csv(results / "summary.csv")
+    plan = read_json(results / "plan.json") or {}
+    parts = [".. raw:: html", "", f"   {_LANDING_STYLE}", "",
+             f"**profbench results** · {provenance_line(summary, plan)}", ""]
+    head = headline(results)
+    if not head.empty:
+        parts += [".. rubric:: Best configuration per model (untraced step time, 95% CI)", "",
+                  _rst_table(head), ""]
+    att = attention_best(summary)
+    if not att.empty:
+        parts += [".. rubric:: Attention TFLOP/s by implementation and backend", "",
+                  _rst_table(att.map(_tflops).reset_index()), ""]
+    findings = _findings(results)
+    if findings:
+        parts += [".. rubric:: Top findings", ""]
+        parts += [f"{i}. {_rst_inline(s)}" for i, s in enumerate(findings[:LANDING_FINDINGS], 1)]
+        parts += [""]
+    parts += [".. rubric:: How these numbers were made", "", _settings_text(summary, plan), ""]
+    # Snakemake renders this page through Jinja: kernel names may hold braces.
+    return "{% raw %}\n" + "\n".join(parts) + "\n{% endraw %}\n"
+
+
+# Snakemake's report centres its first page vertically (a page taller than the window loses
+# its top) in a narrow column: start at the top and take more width.
+_LANDING_STYLE = ("<style>div.h-screen.items-center{align-items:flex-start}"
+                  "div.prose.max-w-lg{max-width:52rem}p.rubric{font-weight:600;margin-top:1em}"
+                  "</style>")
+
+
+def _settings_text(summary: pd.DataFrame, plan: dict[str, Any]) -> str:
+    timing, nsys = plan.get("timing") or {}, plan.get("nsys") or {}
+    counts = summary["status"].value_counts().to_dict()
+    runs = f"{len(summary)} runs (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
+    text = (f"{runs}. Each run's step time is the median of {timing.get('repeats', '?')} "
+            "untraced timing processes with a 95% bootstrap CI (flagged unstable above "
+            f"±{float(timing.get('unstable_threshold', 0.03)):.0%}); captured runs were also "
+            f"profiled with ``nsys profile --trace={nsys.get('trace', '?')}``, capturing "
+            f"{_CAPTURE_TEXT.get(nsys.get('capture'), 'the whole process')}. Sections: 1. "
+            "Overview (figures, the findings with the CSV cell each rests on), 2. Figures, "
+            "3. the baseline diff (when configured), 4. per-run tables; ``summary.csv`` has "
+            "every number with its provenance.")
+    return text
+
+
+_CAPTURE_TEXT = {
+    "nvtx": "only the measured steps (NVTX range ``profiled_region``; warm-up runs before it)",
+    "cudaProfilerApi": "only the measured steps (cudaProfilerStart/Stop)",
+}
+
+
+def _rst_inline(text: str) -> str:
+    """The findings' Markdown (**bold**, `code`) as reStructuredText."""
+    code = text.split("`")
+    return "".join(f"``{c}``" if i % 2 else c for i, c in enumerate(code))
+
+
+def _rst_table(table: pd.DataFrame) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("\n", " ").replace("|", "\\|") or "\\"
+
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for row in [list(table.columns), *table.astype(object).itertuples(index=False)]:
+        lines.append("   * - " + cell(row[0]))
+        lines += [f"     - {cell(v)}" for v in row[1:]]
+    return "\n".join(lines) + "\n"
+
+
 def write_overview(results: Path, md_path: Path, html_path: Path | None,
-                   figures: list[Path]) -> None:
+                   figures: list[Path], rst_path: Path | None = None) -> None:
     md = markdown(results, figures)
     md_path.write_text(md)
     if html_path is not None:
         html_path.write_text(to_html(md, results))
+    if rst_path is not None:
+        rst_path.write_text(landing_rst(results))
 
 
-__all__ = ["write_overview", "markdown", "headline", "findings_table"]
+__all__ = ["write_overview", "markdown", "headline", "landing_rst", "findings_table"]
