@@ -61,28 +61,26 @@ def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
 
 
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
-    """The GPU default matrix: the 4-rung GPT small ladder (all captured), 3 attention-kernel
-    runs and 1 OOM probe timed only; 2 untraced timing processes per run."""
+    """The GPU default matrix: the 9-rung GPT train ladder for small and 2.7B, CS336's 2.7B
+    forward and forward+backward at fp32 eager and at the best settings, and the notebook's
+    attention case, all captured; the FlashAttention point (5 variants) and 1 OOM probe timed
+    only; 3 untraced timing processes per run and one calibration."""
     done = snakemake(tmp_path, "-n", "--cores", "1")
-    assert done.stdout.count("rule profile:") == 4, done.stdout[-2000:]
-    assert done.stdout.count("rule time_run:") == 2 * (4 + 3 + 1)
-    # each ladder rung against the one before: untraced speed-up and capture comparison
-    assert done.stdout.count("rule speedup:") == 3
-    assert done.stdout.count("rule compare:") == 3
-    assert "rule calibrate:" not in done.stdout
+    assert done.stdout.count("rule profile:") == 18 + 4 + 4, done.stdout[-2000:]
+    assert done.stdout.count("rule time_run:") == 3 * (18 + 4 + 4 + 5 + 1)
+    # the config's 4 comparisons and each ladder rung against the one before
+    assert done.stdout.count("rule speedup:") == 4 + 2 * 8
+    assert done.stdout.count("rule compare:") == 3 + 2 * 8
+    assert done.stdout.count("rule calibrate:") == 1
 
 
-def test_standard_config_is_valid_and_complete(tmp_path: Path) -> None:
-    """config/standard.yaml: 4 notebook attention runs, GPT small and 2.7B forward and
-    forward+backward, the 7-rung ladder for both sizes (all captured), 8 attention-kernel
-    runs and 1 OOM probe timed only; 3 untraced timing processes per run."""
+def test_standard_config_is_the_default_plus_the_attention_sweeps(tmp_path: Path) -> None:
+    """config/standard.yaml: config.yaml's runs plus 36 CS336 and 24 FlashAttention attention
+    cells, timed only."""
     done = snakemake(tmp_path, "-n", "--cores", "1", "--configfile",
                      str(REPO / "config" / "standard.yaml"))
-    assert done.stdout.count("rule profile:") == 4 + 4 + 14, done.stdout[-2000:]
-    assert done.stdout.count("rule time_run:") == 3 * (4 + 4 + 14 + 8 + 1)
-    # the config's 3 comparisons and each ladder rung against the one before
-    assert done.stdout.count("rule speedup:") == 3 + 2 * 6
-    assert done.stdout.count("rule compare:") == 2 + 2 * 6
+    assert done.stdout.count("rule profile:") == 26, done.stdout[-2000:]
+    assert done.stdout.count("rule time_run:") == 3 * (32 + 36 + 24)
     assert done.stdout.count("rule calibrate:") == 1
 
 

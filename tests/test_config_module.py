@@ -195,3 +195,23 @@ def test_git_stamp_wins_only_over_a_missing_or_stale_git(tmp_path: Path,
     monkeypatch.setenv(gitstate.COMMIT_VAR, "e" * 40)
     monkeypatch.setenv(gitstate.DIRTY_VAR, "0")
     assert gitstate.git_state(tmp_path) == ("e" * 40, False)
+
+
+def test_standard_config_runs_the_default_matrix_unchanged() -> None:
+    default, standard = config.load(REPO / "config.yaml"), config.load(REPO / "config/standard.yaml")
+    for name, params in default.runs.items():
+        assert standard.runs.get(name) == params, name
+    assert set(default.comparisons) <= set(standard.comparisons)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config/standard.yaml", "config/full.yaml"])
+def test_shipped_ladders_change_one_key_per_rung(name: str) -> None:
+    """A rung's gain is credited to its change only when that change is the only difference
+    (the attention implementation and its SDPA backend are one change)."""
+    cfg = yaml.safe_load((REPO / name).read_text())
+    for ladder in cfg.get("ladders", []):
+        for rung in ladder["rungs"][1:]:
+            changes = set(rung) - {"name"}
+            if "attention" in changes:
+                changes -= {"sdpa_backend"}
+            assert len(changes) == 1, (name, rung)
