@@ -198,7 +198,8 @@ def test_git_stamp_wins_only_over_a_missing_or_stale_git(tmp_path: Path,
 
 
 def test_standard_config_runs_the_default_matrix_unchanged() -> None:
-    default, standard = config.load(REPO / "config.yaml"), config.load(REPO / "config/standard.yaml")
+    default = config.load(REPO / "config.yaml")
+    standard = config.load(REPO / "config/standard.yaml")
     for name, params in default.runs.items():
         assert standard.runs.get(name) == params, name
     assert set(default.comparisons) <= set(standard.comparisons)
