@@ -115,6 +115,68 @@ def attention_best(summary: pd.DataFrame) -> pd.DataFrame:
     return att.pivot_table(index="shape", columns="variant", values="tflops", aggfunc="max")
 
 
+# The keys that say how a GPT step is computed (mode, optimizer, step counts aside): runs with
+# the same values are the same configuration in another mode.
+CONFIGURATION_KEYS = {"size": None, "context": None, "batch": None, "dtype": None,
+                      "attention": None, "sdpa_backend": "auto", "compile": "off",
+                      "cuda_graph": "off"}
+MODES = ("forward", "forward_backward", "train")
+PHASE_COLUMNS = {"forward_pass": "fwd", "loss_computation": "loss", "backward_pass": "bwd",
+                 "optimizer_step": "opt"}
+
+
+def _configuration(row: pd.Series) -> tuple:
+    def value(key: str, default: Any) -> Any:
+        v = row.get(key)
+        if empty_cell(v):
+            return default
+        return _int(v) if key in ("context", "batch") else str(v)
+
+    return tuple(value(k, d) for k, d in CONFIGURATION_KEYS.items())
+
+
+def modes_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """CS336's table: per GPT ladder, its first rung's configuration (fp32 eager) and its
+    last (every optimization), in each mode: the untraced step time with its CI and, where
+    the run was captured, its GPU time per phase. The train row is the ladder's rung; the
+    forward and forward+backward rows are the runs of the same configuration in that mode."""
+    gpt = summary[summary["workload"] == "gpt"]
+    if "rung_index" not in gpt.columns or gpt["rung_index"].dropna().empty:
+        return pd.DataFrame()
+    rows = []
+    for (_, group), rungs in gpt.dropna(subset=["rung_index"]).groupby(
+            ["ladder", "ladder_group"], sort=False):
+        rungs = rungs.sort_values("rung_index")
+        for rung in (rungs.iloc[0], rungs.iloc[-1]):
+            config = _configuration(rung)
+            same = gpt[[_configuration(r) == config for _, r in gpt.iterrows()]]
+            for mode in MODES:
+                run = rung if mode == "train" else _first(same[same["mode"] == mode])
+                if run is None:
+                    continue
+                rows.append({"model": f"GPT {group}", "configuration": str(rung["rung"]),
+                             "mode": mode, "run": run["run"], **_time_cells(run)})
+    return pd.DataFrame(rows)
+
+
+def _first(table: pd.DataFrame) -> pd.Series | None:
+    return None if table.empty else table.iloc[0]
+
+
+def _time_cells(run: pd.Series) -> dict[str, str]:
+    if run.get("status") != OK:
+        return {"ms/step [95% CI]": str(run.get("status"))}
+    cells = {"ms/step [95% CI]": f"{_ms(run['step_ms'])} [{_ms(run.get('step_ci_low_ms'))}, "
+                                 f"{_ms(run.get('step_ci_high_ms'))}]"}
+    phases = [f"{short} {_ms(run.get(f'phase_gpu_ms_{name}'))}"
+              for name, short in PHASE_COLUMNS.items()
+              if _num(run.get(f"phase_gpu_ms_{name}")) is not None]
+    if not _num(run.get("phase_gpu_ms_step")):  # no GPU work captured (a CPU run)
+        phases = []
+    cells["GPU ms per phase (capture)"] = " · ".join(phases) or "—"
+    return cells
+
+
 def _int(value: Any) -> str:
     """A shape value as written in the config (CSV floats like 4096.0 back to 4096)."""
     try:
@@ -154,6 +216,10 @@ def markdown(results: Path, figures: list[Path]) -> str:
     if not att.empty:
         parts += ["## Attention TFLOP/s by implementation and backend", "",
                   md_table(att.map(_tflops).reset_index()), ""]
+    modes = modes_table(summary)
+    if not modes.empty:
+        parts += ["## Forward, forward+backward and train step: fp32 eager vs every "
+                  "optimization (CS336)", "", md_table(modes), ""]
     if len(findings):
         parts += ["## Top findings", ""]
         parts += [f"{i}. {s}" for i, s in enumerate(findings[:TOP_FINDINGS], 1)] + [""]
