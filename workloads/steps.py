@@ -22,7 +22,7 @@ from workloads.attention import sdpa_unsupported_reason as _sdpa_reason
 from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
 from workloads.nvtx_ranges import rng
-from workloads.optim import MasterAdamW, build_optimizer
+from workloads.optim import MasterAdamW, build_optimizer, optimizer_bytes_per_step
 from workloads.runner import Step
 from workloads.status import Unsupported
 
@@ -38,6 +38,8 @@ class Workload:
     params_count: int
     forward_flops: int
     flops_per_step: int
+    # bytes one optimizer step must move through device memory (train mode; optim.py)
+    optimizer_bytes_per_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ def build_gpt(
         params_count=params_count,
         forward_flops=forward_flops,
         flops_per_step=flops.step_flops(forward_flops, mode),
+        optimizer_bytes_per_step=optimizer_bytes_per_step(optimizer),
     )
 
 
