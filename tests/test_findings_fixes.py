@@ -140,6 +140,10 @@ def test_gain_from_a_rung_that_changes_more_is_a_joint_gain(findings) -> None:
     assert attention.joint_keys == "compile=reduce-overhead; optimizer=adamw_master"
     launch = _finding(findings, "launch_bound", BF16)
     assert launch.joint_keys == "attention=sdpa; optimizer=adamw_master; sdpa_backend=cudnn"
+    # within a severity, a gain measured for the fix alone ranks before a larger joint one
+    high = findings[findings["severity"] == "high"]
+    assert list(zip(high["rule"], high["run"], strict=True)) == [
+        ("fp32_gemm_no_tensor_cores", FP32), ("launch_bound", BF16), ("launch_bound", FUSED)]
 
 
 def test_gain_of_a_one_key_variant_is_not_joint(findings) -> None:

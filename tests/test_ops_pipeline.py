@@ -64,3 +64,12 @@ def test_plan_and_summary_carry_ops_and_its_overhead(smoke_workdir: Path) -> Non
         metrics["ops_step_ms_traced"] / metrics["ops_lean_step_ms_traced"] - 1)
     assert metrics["ops_lean_step_ms_traced"] == pytest.approx(row["step_ms_traced"])
     assert pd.isna(summary.loc["gpt_tiny_train_fp32", "ops_overhead"])
+
+
+def test_overview_shows_the_top_ops_with_their_overhead(smoke_workdir: Path) -> None:
+    out = results(smoke_workdir)
+    md = (out / "SUMMARY.md").read_text()
+    section = md[md.index(f"## Top ops: {RUN}"):]
+    overhead = pd.read_csv(out / "summary.csv").set_index("run").loc[RUN, "ops_overhead"]
+    assert f"the op ranges changed the traced step by {overhead:+.0%}" in section
+    assert "| aten::" in section.split("## ")[1]

@@ -428,8 +428,7 @@ def dominant_op(ctx: Context, run: str) -> Iterator[Finding]:
     f = Finding(
         rule="dominant_op", run=run,
         title=f"one op dominates: {top['Op']} takes {share:.0%} of the step's GPU time "
-              f"({top['Kernels/Call']:.3g} kernels per call, {top['Calls/Step']:.0f} calls "
-              "per step)",
+              f"({top['Calls/Step']:.0f} calls/step, {top['Kernels/Call']:.3g} kernels/call)",
         value=share, threshold=DOMINANT_OP_SHARE, source=f"{run}/stats/ops.csv",
         key_column="Op", key=str(top["Op"]), value_column="GPU Share of Step",
         fix="see where it is called: ops_by_shape.csv (ops: shapes) groups its calls by "
@@ -493,8 +492,14 @@ def find_all(results: Path, summary: pd.DataFrame) -> list[Finding]:
     for run in summary.loc[summary["status"] == OK, "run"]:
         for rule in RULES:
             out.extend(rule(ctx, str(run)))
-    order = {"high": 0, "medium": 1, "info": 2}
-    return sorted(out, key=lambda f: (order[f.severity], -(f.gain or 0)))
+    return sorted(out, key=_rank)
+
+
+def _rank(f: Finding) -> tuple[int, int, float]:
+    """Severity first; then a gain measured for the fix alone, a joint gain, no gain; then
+    the larger gain."""
+    evidence = 2 if f.gain is None else (1 if f.joint_keys else 0)
+    return {"high": 0, "medium": 1, "info": 2}[f.severity], evidence, -(f.gain or 0)
 
 
 def findings_table(findings: list[Finding]) -> pd.DataFrame:
