@@ -150,7 +150,9 @@ class Record:
         params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         params.pop("workload")
         params["device"] = device.type
-        hashed = {k: v for k, v in params.items() if k != "out"}  # where it lands is no config
+        # where it lands is no config; op ranges off is every run before they existed
+        hashed = {k: v for k, v in params.items()
+                  if k != "out" and (k, v) != ("op_ranges", "off")}
         self.result: dict[str, Any] = {
             "workload": args.workload,
             "status": "error",
