@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.metrics.phases import _inside, _union
 from analysis.reading.export import NULL, Export
 from analysis.reports.nvtx import PID_MASK, match_runtime
 
@@ -209,27 +210,17 @@ def innermost(ranges: OpRanges, thread: np.ndarray, t: np.ndarray) -> np.ndarray
     return owner
 
 
-def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > reach[:-1]]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
 def in_steps(steps: tuple[np.ndarray, np.ndarray, np.ndarray], t: np.ndarray,
              tid: np.ndarray) -> np.ndarray:
-    """Mask of times inside a step range of the same process (any thread)."""
+    """Mask of times inside a step range of the same process (any thread): phases.py's
+    cross-thread rule, with its own helpers."""
     s_start, s_end, s_pid = steps
     mask = np.zeros(t.size, bool)
     pid = tid & PID_MASK
     for p in np.unique(s_pid).tolist():
         s, e = _union(s_start[s_pid == p], s_end[s_pid == p])
         mine = np.flatnonzero((pid == p) & (t >= 0))
-        pos = np.searchsorted(s, t[mine], "right") - 1
-        ok = pos >= 0
-        mask[mine[ok]] = t[mine[ok]] <= e[pos[ok]]
+        mask[mine] = _inside(t[mine], s, e)
     return mask
 
 

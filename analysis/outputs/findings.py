@@ -414,7 +414,7 @@ def op_fixes(op: str, params: dict[str, Any]) -> list[Fix]:
 
 def dominant_op(ctx: Context, run: str) -> Iterator[Finding]:
     """One PyTorch op takes a large share of the step's GPU time (the run's ops.csv)."""
-    table = ctx.stats(run, "ops")
+    table = ctx.stats(run, "ops") if ctx.cell(run, "ops_status") == OK else None
     if table is None or table.empty:
         return
     ranked = table[table["Op"] != OUTSIDE].sort_values("GPU Self (ns)", ascending=False)
