@@ -51,7 +51,7 @@ DOMINANT_OP_SHARE = 0.20
 HIGH_OP_OVERHEAD = 0.25  # the op ranges' cost on the traced step, as for the lean capture
 # Keys that set how a run is measured, not what it computes: never a difference between runs.
 MEASUREMENT_KEYS = ("warmup", "steps", "seed", "out", "op_ranges", "memory_limit_mb",
-                    "peak_tflops", "device")
+                    "peak_tflops")
 # The run key of a whole-step CUDA graph (forward, backward and optimizer in one graph).
 STEP_GRAPH = "cuda_graph"
 ON = "on"  # a Fix value: the key set to anything but off
