@@ -1,7 +1,8 @@
 """Command line: ``python -m analysis COMMAND ...``.
 
 Per run (one export): ``stats`` (the seven nsys reports), ``extras`` (what nsys lacks)
-and ``all`` (both, reading the export once: what the pipeline runs).  Across runs:
+and ``all`` (both, reading the export once: what the pipeline runs); ``ops`` (the operator
+table of an op capture).  Across runs:
 ``compare`` (A vs B captures), ``aggregate`` (summary.csv), ``speedup`` (untraced A vs B
 with CI), ``ladders``, ``findings``, ``plots`` (the report's figures), ``overview``
 (SUMMARY.md, the report's front page) and ``diff`` (two results folders).
@@ -10,6 +11,7 @@ with CI), ``ladders``, ``findings``, ``plots`` (the report's figures), ``overvie
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             help="reproduce nsys 2025.3.1 (default, the reference) or 2024.2.3 output: "
             "they differ in NVTX range names and in round() of Avg/Med/StdDev",
         )
+    op = sub.add_parser("ops", help="operator table of an op capture: ops.csv, "
+                        "ops_by_shape.csv, ops_metrics.json")
+    op.set_defaults(handler=run_ops)
+    op.add_argument("export", type=Path, help="nsys SQLite export of the op capture")
+    op.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    op.add_argument("--times", type=Path, default=None,
+                    help="the op capture's result record (status, traced step times)")
+    op.add_argument("--lean-times", type=Path, default=None,
+                    help="the lean capture's result record: the op ranges' overhead")
     cp = sub.add_parser("compare", help="A vs B per category and NVTX range")
     cp.set_defaults(handler=run_compare)
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
@@ -98,6 +109,44 @@ def run_one_export(args: argparse.Namespace) -> int:
             print(f"{name:24s} {secs:8.3f} s")
         print(f"{'total':24s} {time.perf_counter() - t0:8.3f} s")
     return 0
+
+
+def run_ops(args: argparse.Namespace) -> int:
+    """``ops``: the operator table and its metrics (a failed op capture: empty tables)."""
+    from analysis.metrics import ops
+
+    record = _record(args.times)
+    lean = _record(args.lean_times)
+    status = str(record.get("status", "ok")) if args.times else "ok"
+    args.output.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, object] = {
+        "op_ranges": (record.get("params") or {}).get("op_ranges"),
+        "ops_status": status,
+        "ops_message": record.get("message") or None,
+    }
+    if status == "ok":
+        with Export(args.export) as ex:
+            metrics.update(ops.write_op_tables(ex, args.output))
+        metrics.update(ops.op_capture_overhead(_step_ms(record), _step_ms(lean)))
+    else:  # nothing to read: the tables stay empty, the status says why
+        ops.write_csv([], ops.COLUMNS, args.output / "ops.csv")
+        ops.write_csv([], ops.SHAPE_COLUMNS, args.output / "ops_by_shape.csv")
+    (args.output / "ops_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    print(f"{args.export}: op capture {status}, overhead {metrics.get('ops_overhead')}")
+    return 0
+
+
+def _record(path: Path | None) -> dict:
+    try:
+        return json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        return {"status": "error", "message": f"no readable result record {path}"}
+
+
+def _step_ms(record: dict) -> list[float]:
+    if record.get("status", "ok") != "ok":
+        return []
+    return list(record.get("step_ms") or record.get("step_times_ms") or [])
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -47,6 +47,10 @@ BYTES_PER_KERNEL = 400
 GPT_KERNELS_PER_LAYER = {"forward": 41, "forward_backward": 126, "train": 165}
 GPT_LAYERS = {"tiny": 2, "small": 12, "medium": 24, "large": 36, "xl": 48, "2.7B": 32}
 BF16_KERNEL_FACTOR = 1.25
+# The op capture (`ops: true | shapes`) holds PyTorch's op ranges too: on the H100 GPT small
+# bf16 eager step (probe-out/cap2) its export was 3.6x the lean one (13.9 vs 3.8 MB), 6.1x
+# with shapes (23.6 MB); rounded up, on top of the lean capture.
+OPS_CAPTURE_FACTOR = {True: 4, "shapes": 7}
 ATTENTION_KERNELS = {"forward": 10, "forward_backward": 30}
 # Room besides the captures (report, plots, summaries); PROFBENCH_MIN_FREE_MB overrides it.
 DEFAULT_MIN_FREE_MB = 256
@@ -197,7 +201,8 @@ def estimate_run_bytes(params: Mapping[str, Any]) -> int:
             per_step = int(per_step * BF16_KERNEL_FACTOR)
     else:
         per_step = ATTENTION_KERNELS.get(mode, 30)
-    return BASE_BYTES + per_step * int(params.get("steps", 10)) * BYTES_PER_KERNEL
+    lean = per_step * int(params.get("steps", 10)) * BYTES_PER_KERNEL
+    return BASE_BYTES + lean * (1 + OPS_CAPTURE_FACTOR.get(params.get("ops", False), 0))
 
 
 def _existing_ancestor(path: Path) -> Path:

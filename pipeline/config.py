@@ -33,9 +33,16 @@ REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "schemas"
 
 # Run keys for the pipeline itself, never passed to the workload: name -> (type, default).
-PIPELINE_RUN_KEYS: dict[str, tuple[type, Any]] = {
+PIPELINE_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "profile": (bool, True),  # false: untraced timing only (no nsys capture), e.g. big sweeps
+    # true / shapes: a second, opt-in capture with PyTorch's op ranges (record_shapes with
+    # shapes) for the run's operator table; its ranges slow the step (docs/analysis.md)
+    "ops": ((bool, str), False),
 }
+# The values a pipeline key may take, where its type alone does not say.
+PIPELINE_KEY_VALUES: dict[str, tuple[Any, ...]] = {"ops": (False, True, "shapes")}
+# What the workload's --op_ranges flag gets for each `ops` value (the op capture only).
+OP_RANGES_FLAG = {True: "on", "shapes": "shapes"}
 
 
 class ConfigError(ValueError):
@@ -111,6 +118,11 @@ def pipeline_settings(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params.get(k, default) for k, (_, default) in PIPELINE_RUN_KEYS.items()}
 
 
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
 def workload_params(params: dict[str, Any]) -> dict[str, Any]:
     """The run's parameters without the pipeline's own keys."""
     return {k: v for k, v in params.items() if k not in PIPELINE_RUN_KEYS}
@@ -138,7 +150,17 @@ def check_run(where: str, params: dict[str, Any]) -> None:
     """One run's parameters (defaults applied) against its workload's schema."""
     for key, (kind, _) in PIPELINE_RUN_KEYS.items():
         if key in params and not isinstance(params[key], kind):
-            raise ConfigError(f"{where}.{key}", f"{params[key]!r} is not of type {kind.__name__}")
+            raise ConfigError(f"{where}.{key}",
+                              f"{params[key]!r} is not of type {_type_name(kind)}")
+        if key in params and key in PIPELINE_KEY_VALUES and not any(
+            params[key] is v or (isinstance(v, str) and params[key] == v)
+            for v in PIPELINE_KEY_VALUES[key]
+        ):
+            raise ConfigError(f"{where}.{key}",
+                              f"{params[key]!r} is not one of {list(PIPELINE_KEY_VALUES[key])}")
+    if pipeline_settings(params)["ops"] and not pipeline_settings(params)["profile"]:
+        raise ConfigError(f"{where}.ops", "the op capture needs the lean one (profile: true): "
+                          "its overhead is measured against it")
     params = workload_params(params)
     check_keys(where, params)
     try:
@@ -314,6 +336,17 @@ class Plan:
     def ladder_tables(self) -> list[str]:
         """One table per ladder and group, e.g. gpt_train_small."""
         return sorted({f"{i['ladder']}_{i['ladder_group']}" for i in self.ladders.values()})
+
+    @property
+    def op_captured(self) -> dict[str, dict[str, Any]]:
+        """The profiled runs that also get the op capture (`ops: true | shapes`)."""
+        return {n: p for n, p in self.profiled.items() if pipeline_settings(p)["ops"]}
+
+    def op_capture_args(self, run: str) -> str:
+        """The op capture's `python -m workloads` command line: the run's, plus its op
+        ranges."""
+        flag = OP_RANGES_FLAG[pipeline_settings(self.runs[run])["ops"]]
+        return f"{self.workload_args(run)} --op_ranges {flag}"
 
     @property
     def profiled_comparisons(self) -> list[str]:

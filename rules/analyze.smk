@@ -46,6 +46,39 @@ rule run_stats:
         " {params.reports} > {log} 2>&1; fi"
 
 
+rule op_stats:
+    """The operator table of a run's op capture (ops.csv: per PyTorch op its calls, the GPU
+    time of the kernels it launched itself, kernels per call, CPU time, share of the step;
+    ops_by_shape.csv with `ops: shapes`) and what the op ranges cost (ops_metrics.json)."""
+    input:
+        image=IMAGE_INPUT,
+        sqlite=f"{RESULTS}/{{run}}/ops.sqlite",
+        times=f"{RESULTS}/{{run}}/ops_times.json",
+        lean=f"{RESULTS}/{{run}}/times.json",
+    output:
+        ops=report(
+            f"{RESULTS}/{{run}}/stats/ops.csv",
+            caption="../report/run_ops.rst",
+            category="4. Runs",
+            subcategory="{run}",
+        ),
+        shapes=f"{RESULTS}/{{run}}/stats/ops_by_shape.csv",
+        metrics=f"{RESULTS}/{{run}}/stats/ops_metrics.json",
+    log:
+        f"{LOGS}/op_stats/{{run}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/op_stats/{{run}}.jsonl"
+    params:
+        python=PYTHON,
+        outdir=lambda wc, output: os.path.dirname(output.metrics),
+    container:
+        RULE_CONTAINER
+    shell:
+        # A failed op capture gives empty tables and its status in ops_metrics.json.
+        "{params.python} -m analysis ops {input.sqlite} -o {params.outdir}"
+        " --times {input.times} --lean-times {input.lean} > {log} 2>&1"
+
+
 rule aggregate:
     """One row per run: untraced step time with its CI, traced time and profiler overhead,
     status, parameters, GPU metrics, phase GPU time and provenance."""
@@ -56,6 +89,7 @@ rule aggregate:
         timing=expand(f"{RESULTS}/{{run}}/timing/r{{repeat}}.json", run=RUNS, repeat=REPEATS),
         times=expand(f"{RESULTS}/{{run}}/times.json", run=PROFILED),
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
+        ops=expand(f"{RESULTS}/{{run}}/stats/ops_metrics.json", run=OP_CAPTURED),
     output:
         report(
             f"{RESULTS}/summary.csv",

@@ -34,6 +34,7 @@ except _config.ConfigError as e:
     raise _workflow_error(e) from None
 RUNS = PLAN.runs
 PROFILED = PLAN.profiled
+OP_CAPTURED = PLAN.op_captured  # runs with `ops: true | shapes`: a second, opt-in capture
 LADDERS = PLAN.ladders
 COMPARISONS = PLAN.comparisons
 PROFILED_COMPARISONS = PLAN.profiled_comparisons
@@ -85,6 +86,11 @@ def plan_record():
 def workload_args(run):
     """The `python -m workloads` command line of one run (its params drive reruns)."""
     return PLAN.workload_args(run)
+
+
+def op_capture_args(run):
+    """The op capture's command line: the run's, with PyTorch's op ranges (--op_ranges)."""
+    return PLAN.op_capture_args(run)
 
 
 # --- the container image (built by rules/container.smk) ---------------------------------------
@@ -203,13 +209,13 @@ def _runs_to_do(rules):
 
 
 def startup_checks():
-    todo = _runs_to_do({"profile"})
+    todo = _runs_to_do({"profile", "profile_ops"})
     _checks.check_disk(Path(RESULTS), todo)
     if todo and not USE_CONTAINER:
         _checks.check_nsys(NSYS, NSYS_NEEDS_INSTALL)
     cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
     # untraced timing runs need the GPU as much as the captures do
-    on_gpu = _runs_to_do({"profile", "time_run"})
+    on_gpu = _runs_to_do({"profile", "profile_ops", "time_run"})
     _checks.check_gpu(_checks.runs_needing_cuda(on_gpu, cuda_image))
     if USE_CONTAINER:
         _checks.check_apptainer(PROFBENCH_CACHE)

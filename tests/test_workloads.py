@@ -136,6 +136,9 @@ RESULT_KEYS = {
     "flops_per_step",
     "tflops",
     "gpu_state",
+    # added with the operator table and the optimizer roofline
+    "optimizer_bytes_per_step",
+    "peak_memory_gbps",
 }
 
 
@@ -170,6 +173,7 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "device": "cpu",
         "seed": 0,
         "peak_tflops": None,
+        "op_ranges": "off",
         "out": str(out),
     }
     assert result["status"] == "ok" and result["message"] == ""

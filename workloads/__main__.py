@@ -30,6 +30,7 @@ from workloads.gpt import SIZES
 from workloads.gpustate import GpuStateRecorder
 from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
 from workloads.nvtx_ranges import rng
+from workloads.op_ranges import OP_RANGES
 from workloads.optim import OPTIMIZERS
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         _flag(p, "peak_tflops", type=float, default=None,
               help="peak TFLOP/s for MFU (default: datasheet value for known GPUs, else no MFU)")
         _flag(p, "out", type=Path, default=None, help="write the result JSON here")
+        _flag(p, "op_ranges", choices=OP_RANGES, default="off",
+              help="PyTorch's op ranges (NVTX) around the measured steps: the op capture")
 
     cal = sub.add_parser("calibrate", help="measured matmul TFLOP/s and copy GB/s of the device")
     _flag(cal, "out", type=Path, required=True)
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         measurement = run_steps(
             step, warmup=args.warmup, steps=args.steps, device=device,
             before_measure=lambda: gpu.snapshot("before"),
-            after_measure=lambda: gpu.snapshot("after"),
+            after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
         )
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
@@ -157,7 +160,9 @@ class Record:
         params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         params.pop("workload")
         params["device"] = device.type
-        hashed = {k: v for k, v in params.items() if k != "out"}  # where it lands is no config
+        # where it lands is no config; op ranges off is every run before they existed
+        hashed = {k: v for k, v in params.items()
+                  if k != "out" and (k, v) != ("op_ranges", "off")}
         self.result: dict[str, Any] = {
             "workload": args.workload,
             "status": "error",
@@ -220,6 +225,9 @@ class Record:
             tflops=workload.flops_per_step / median_s / 1e12,
             peak_tflops=peak,
             mfu=flops.mfu(workload.flops_per_step, mean_s, peak),
+            optimizer_bytes_per_step=workload.optimizer_bytes_per_step,
+            peak_memory_gbps=flops.peak_memory_gbps(name or "") if self.device.type == "cuda"
+            else None,
             gpu_state=gpu_state,
             **graph,
         )
@@ -235,6 +243,7 @@ RESULT_TIMING_KEYS = (
     "timer", "cuda_event_times_ms", "warmup_times_ms", "compile_s", "mean_ms", "median_ms",
     "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
     "model_flops_per_step", "flops_per_step", "tflops", "peak_tflops", "mfu",
+    "optimizer_bytes_per_step", "peak_memory_gbps",
 )
 
 

@@ -18,6 +18,16 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("H200", _SXM),
 ]
 
+# Datasheet memory bandwidth (GB/s) by device-name substring, first match: H100 SXM 3.35 TB/s,
+# PCIe 2.0, NVL 3.9; H200 4.8 (NVIDIA H100 / H200 datasheets). The optimizer roofline uses
+# the calibrated copy bandwidth when there is one (docs/findings.md).
+PEAK_MEMORY_GBPS: list[tuple[str, float]] = [
+    ("H100 PCIe", 2000.0),
+    ("H100 NVL", 3900.0),
+    ("H100", 3350.0),
+    ("H200", 4800.0),
+]
+
 # Backward of attention_core relative to its forward: dS = dO V^T and dV = P^T dO (2 matmuls),
 # dQ = dS K and dK = dS^T Q (2 more), plus the recomputation of S = Q K^T that fused kernels
 # (flash, cuDNN) do: 5 matmuls of the forward's 2, i.e. 2.5x (FlashAttention-2's convention).
@@ -73,6 +83,14 @@ def peak_tflops(device_name: str, dtype: str) -> float | None:
     for pattern, peaks in PEAK_TFLOPS:
         if pattern in device_name:
             return peaks.get(dtype)
+    return None
+
+
+def peak_memory_gbps(device_name: str) -> float | None:
+    """Datasheet memory bandwidth of a known GPU, or None (CPU, unknown GPU)."""
+    for pattern, gbps in PEAK_MEMORY_GBPS:
+        if pattern in device_name:
+            return gbps
     return None
 
 

@@ -74,6 +74,17 @@ class MasterAdamW:
             module._parameters[name] = new[id(param)]
         return [new[id(p)] for p in ordered]
 
+    def bytes_per_step(self) -> int:
+        """Device bytes of one step: the two gradient gathers (read + write each gradient),
+        then per element read master, exp_avg, exp_avg_sq and the gradient, write master,
+        exp_avg, exp_avg_sq, and the low-precision copy where there is one."""
+        n_full = self.master.numel() - self.n_low
+        low = self.shadow.element_size() if self.shadow is not None else 0
+        state = 6 * self.master.element_size()  # master, exp_avg, exp_avg_sq: read + write
+        per_low = 2 * low + state + low + low  # gather, state, gradient read, copy write
+        per_full = 2 * 4 + state + 4  # gather (fp32), state, gradient read
+        return self.n_low * per_low + n_full * per_full
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             p.grad = None
@@ -152,6 +163,23 @@ def _adamw_segment(
     param.sub_(exp_avg / denom * step_size)
     if shadow is not None:
         shadow.copy_(param)
+
+
+# AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq: seven
+# tensors of the parameters' size per step, however well the kernels are fused.
+ADAMW_TENSOR_PASSES = 7
+
+
+def optimizer_bytes_per_step(optimizer: torch.optim.Optimizer | MasterAdamW | None) -> int | None:
+    """Bytes one optimizer step must move through device memory (read + written): what a
+    perfectly fused kernel would still move (docs/findings.md, optimizer at the roofline)."""
+    if isinstance(optimizer, MasterAdamW):
+        return optimizer.bytes_per_step()
+    if isinstance(optimizer, torch.optim.AdamW):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        size = sum(p.numel() * p.element_size() for p in params)
+        return ADAMW_TENSOR_PASSES * size
+    return None
 
 
 def build_optimizer(

@@ -6,7 +6,9 @@ Capture contract with the pipeline (see docs/workloads.md):
 * all measured steps run inside ONE range ``profiled_region`` (nsys
   ``--capture-range=nvtx --nvtx-capture=profiled_region``), bracketed on CUDA by
   ``torch.cuda.profiler.start()/stop()`` (for ``--capture-range=cudaProfilerApi``);
-* each measured step is a ``profiled_step`` range, synchronized before its timer stops.
+* each measured step is a ``profiled_step`` range, synchronized before its timer stops;
+* with ``op_ranges`` on (the op capture only), PyTorch's op ranges are emitted around the
+  measured steps (``workloads/op_ranges.py``); never in the timing processes.
 
 The published timer is CUDA events on CUDA (``cuda_event``) and the host clock on CPU
 (``wall``); ``step_ms`` holds that timer's per-step times and every statistic uses it.
@@ -21,6 +23,7 @@ import torch
 
 from workloads.device import synchronize
 from workloads.nvtx_ranges import PROFILED_REGION, rng
+from workloads.op_ranges import op_ranges as op_range_context
 
 # A step runs one iteration of the workload and returns its loss (or None), not yet synced.
 Step = Callable[[], torch.Tensor | None]
@@ -73,11 +76,13 @@ def run_steps(
     device: torch.device,
     before_measure: Callable[[], None] | None = None,
     after_measure: Callable[[], None] | None = None,
+    op_ranges: str = "off",
 ) -> Measurement:
     """Run ``warmup`` unmeasured then ``steps`` measured calls of ``step`` on ``device``.
 
     ``before_measure`` / ``after_measure`` run just outside the measured region (e.g. GPU
     state snapshots), so they cost the steps nothing and stay out of the capture.
+    ``op_ranges`` (off / on / shapes): PyTorch's op ranges around the measured steps.
     """
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
@@ -99,24 +104,25 @@ def run_steps(
     event_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     loss_tensors: list[torch.Tensor] = []
 
-    if on_cuda:
-        torch.cuda.profiler.start()
-    with rng(PROFILED_REGION):
-        for _ in range(steps):
-            with rng("profiled_step"):
-                start_event = _record_event() if on_cuda else None
-                start = time.perf_counter()
-                loss = step()
-                end_event = _record_event() if on_cuda else None
-                synchronize(device)
-                times_ms.append((time.perf_counter() - start) * 1e3)
-            if start_event is not None and end_event is not None:
-                event_pairs.append((start_event, end_event))
-            if loss is not None:
-                # Kept as tensors: .item() here would add a device-to-host copy to each step.
-                loss_tensors.append(loss.detach())
-    if on_cuda:
-        torch.cuda.profiler.stop()
+    with op_range_context(op_ranges, device):
+        if on_cuda:
+            torch.cuda.profiler.start()
+        with rng(PROFILED_REGION):
+            for _ in range(steps):
+                with rng("profiled_step"):
+                    start_event = _record_event() if on_cuda else None
+                    start = time.perf_counter()
+                    loss = step()
+                    end_event = _record_event() if on_cuda else None
+                    synchronize(device)
+                    times_ms.append((time.perf_counter() - start) * 1e3)
+                if start_event is not None and end_event is not None:
+                    event_pairs.append((start_event, end_event))
+                if loss is not None:
+                    # Kept as tensors: .item() here would add a device-to-host copy per step.
+                    loss_tensors.append(loss.detach())
+        if on_cuda:
+            torch.cuda.profiler.stop()
     if after_measure is not None:
         after_measure()
 

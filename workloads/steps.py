@@ -25,7 +25,7 @@ from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
 from workloads.graphs import CUDA_GRAPH_MODES
 from workloads.nvtx_ranges import rng
-from workloads.optim import MasterAdamW, build_optimizer
+from workloads.optim import MasterAdamW, build_optimizer, optimizer_bytes_per_step
 from workloads.runner import Step
 from workloads.status import Unsupported
 
@@ -41,6 +41,8 @@ class Workload:
     params_count: int
     forward_flops: int
     flops_per_step: int
+    # bytes one optimizer step must move through device memory (train mode; optim.py)
+    optimizer_bytes_per_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ def build_gpt(
         params_count=params_count,
         forward_flops=forward_flops,
         flops_per_step=flops.step_flops(forward_flops, mode),
+        optimizer_bytes_per_step=optimizer_bytes_per_step(optimizer),
     )
 
 

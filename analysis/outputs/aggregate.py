@@ -10,6 +10,10 @@ Where each number comes from (docs/timing.md):
 * ``step_ms_traced``: the median step of the traced run (``<run>/times.json``), and
   ``profiler_overhead = step_ms_traced / step_ms - 1``;
 * GPU metrics and ``phase_gpu_ms_*``: the capture (``<run>/stats/metrics.json``);
+* ``ops``, ``ops_*`` (runs with the op capture): ``<run>/stats/ops_metrics.json``, among them
+  ``ops_overhead``, what the op ranges cost (op capture's traced step / lean capture's - 1);
+* ``optimizer_gbps``, ``optimizer_roofline``: the optimizer step's bytes over its phase GPU
+  time, against ``memory_gbps_reference`` (``analysis/metrics/roofline.py``);
 * ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
   ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``high_overhead`` (the
   tracer slowed the step by more than 25%: the capture's timeline is distorted), ``failed``.
@@ -24,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.metrics.roofline import memory_reference, optimizer_bytes, optimizer_roofline
 from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
 from analysis.outputs.runs import OK, Timing, read_json, read_plan, read_timing, step_times
 
@@ -135,14 +140,29 @@ def run_row(
         row[key] = first.get(key)
     row.update({k: info[k] for k in ("ladder", "ladder_group", "rung_index", "rung") if k in info})
     row["profiled"] = bool(info.get("profile", True))
+    row["ops"] = info.get("ops", False)
     row.update(flatten("", info["params"]))
     row.update(flatten("", {k.replace(".", "_"): v for k, v in metrics.items()
                             if k not in ("status", "message")}))
+    if info.get("ops"):
+        row.update(read_json(results / run / "stats" / "ops_metrics.json") or {})
+    row.update(roofline_columns(first, info["params"], metrics, calibration))
     row.update(flatten("gpu_state", {"flags": ";".join(gpu_flags(timing))}))
     row.update(flatten("provenance", first.get("provenance", {})))
     # the driver, as NVML reported it during the timing run (None without NVML)
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
     return row
+
+
+def roofline_columns(record: dict[str, Any], params: dict[str, Any], metrics: dict[str, Any],
+                     calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """The optimizer step's achieved bandwidth and its share of the reference (train runs)."""
+    nbytes = optimizer_bytes(record, params)
+    if nbytes is None:
+        return {}
+    reference, source = memory_reference(calibration, record)
+    return {**optimizer_roofline(nbytes, metrics.get("phase_gpu_ms_optimizer_step"), reference),
+            "memory_gbps_reference": reference, "memory_gbps_source": source}
 
 
 def _status(timing: Timing, times: dict[str, Any] | None) -> str:

@@ -223,6 +223,7 @@ def markdown(results: Path, figures: list[Path]) -> str:
     if len(findings):
         parts += ["## Top findings", ""]
         parts += [f"{i}. {s}" for i, s in enumerate(findings[:TOP_FINDINGS], 1)] + [""]
+    parts += ops_section(results, summary)
     flags = flagged(summary)
     if len(flags):
         parts += ["## Flagged runs", "", md_table(flags.fillna("")), ""]
@@ -232,6 +233,36 @@ def markdown(results: Path, figures: list[Path]) -> str:
     counts = summary["status"].value_counts().to_dict()
     parts += [f"{len(summary)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
     return "\n".join(parts)
+
+
+TOP_OPS = 5
+OPS_COLUMNS = {"Op": "op", "GPU ms/step": "GPU ms/step", "GPU Share of Step": "GPU share",
+               "Calls/Step": "calls/step", "Kernels/Call": "kernels/call",
+               "CPU Self ms/step": "CPU self ms/step"}
+
+
+def ops_section(results: Path, summary: pd.DataFrame) -> list[str]:
+    """Per run with an op capture: its top ops by GPU time (CPU time where there is none) and
+    what the op ranges cost (docs/analysis.md, "Operator table")."""
+    if "ops_status" not in summary.columns:
+        return []
+    parts: list[str] = []
+    for _, row in summary[summary["ops_status"] == OK].iterrows():
+        path = results / str(row["run"]) / "stats" / "ops.csv"
+        table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+        if table.empty:
+            continue
+        by = "GPU Self (ns)" if table["GPU Self (ns)"].sum() > 0 else "CPU Self (ns)"
+        top = table.sort_values(by, ascending=False).head(TOP_OPS)[list(OPS_COLUMNS)]
+        top = top.rename(columns=OPS_COLUMNS)
+        top["GPU share"] = [f"{v:.0%}" if _num(v) is not None else "—" for v in top["GPU share"]]
+        overhead = _num(row.get("ops_overhead"))
+        cost = f"{overhead:+.0%}" if overhead is not None else "not measured"
+        parts += [f"## Top ops: {row['run']}", "",
+                  f"From its op capture (`{row['run']}/stats/ops.csv`); the op ranges changed "
+                  f"the traced step by {cost} against the lean capture.", "",
+                  md_table(top.round(3).fillna("—")), ""]
+    return parts
 
 
 def _tflops(value: float) -> str:
