@@ -157,8 +157,8 @@ rule profile:
 # is opt-in. nsys' console stats stay off here (they would summarize every op range).
 use rule profile as profile_ops with:
     output:
-        sqlite=f"{RESULTS}/{{run}}/ops.sqlite",
-        rep=f"{RESULTS}/{{run}}/ops.nsys-rep",
+        sqlite=capture_output(f"{RESULTS}/{{run}}/ops.sqlite"),
+        rep=capture_output(f"{RESULTS}/{{run}}/ops.nsys-rep"),
         times=f"{RESULTS}/{{run}}/ops_times.json",
     log:
         f"{LOGS}/profile_ops/{{run}}.log",
