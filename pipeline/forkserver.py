@@ -45,7 +45,6 @@ import importlib
 import json
 import os
 import re
-import secrets
 import selectors
 import shutil
 import signal
@@ -66,6 +65,9 @@ ENV_OWNER = "PROFBENCH_FORKSERVER_OWNER"  # the Snakemake process the servers li
 ENV_LOGS = "PROFBENCH_FORKSERVER_LOGS"  # folder of the servers' logs
 # Set in every forked child (workloads/process_state.py records it as the launcher).
 ENV_LAUNCHER = "PROFBENCH_LAUNCHER"
+# Optional: the modules to preload, comma-separated, instead of PRELOAD (to try a shorter
+# list on a machine where a preload makes the server refuse; see its log).
+ENV_PRELOAD = "PROFBENCH_FORKSERVER_PRELOAD"
 
 # What a workload process imports beyond `import torch`, measured with -X importtime on a GPT
 # train build (torch.optim imports torch._dynamo), an attention cell and a compiled run
@@ -118,7 +120,7 @@ def address(name: str, slot: int) -> bytes:
 
 def new_name(owner: int) -> str:
     """A fresh server name for one Snakemake invocation."""
-    return f"profbench-forkserver-{owner}-{secrets.token_hex(4)}"
+    return f"profbench-forkserver-{owner}-{os.urandom(4).hex()}"
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
@@ -357,10 +359,15 @@ def stop(name: str, slots: list[int]) -> None:
 # --- the server -------------------------------------------------------------------------------
 
 
+def preload_list() -> tuple[str, ...]:
+    override = os.environ.get(ENV_PRELOAD)
+    return tuple(m.strip() for m in override.split(",") if m.strip()) if override else PRELOAD
+
+
 def preload() -> dict[str, float | str]:
-    """Import PRELOAD; seconds per module, or why an optional one is missing."""
+    """Import the preload list; seconds per module, or why an optional one is missing."""
     times: dict[str, float | str] = {}
-    for module in PRELOAD:
+    for module in preload_list():
         start = time.perf_counter()
         try:
             importlib.import_module(module)
@@ -374,18 +381,61 @@ def preload() -> dict[str, float | str]:
 
 
 def fork_safety_problem() -> str | None:
-    """Why forking this interpreter would not give a clean child, or None: the CUDA driver
-    or NVML loaded (a child cannot use a driver initialized before the fork), or threads
-    (only the forking thread survives a fork)."""
+    """Why forking this interpreter would not give a clean child, or None: CUDA initialized
+    (a child cannot use a driver initialized before the fork), threads (only the forking
+    thread survives a fork). When the preloads loaded the CUDA driver or NVML library, a
+    forked probe must be able to use them."""
     import torch
 
     if torch.cuda.is_initialized():
         return "CUDA was initialized while preloading"
+    problem = threads_problem()
+    if problem:
+        return problem
     maps = Path("/proc/self/maps").read_text()
-    for library in ("libcuda.so", "libnvidia-ml.so"):
-        if library in maps:
-            return f"{library} was loaded while preloading (the driver may be initialized)"
-    return threads_problem()
+    loaded = [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps]
+    if loaded:
+        problem = probe_forked_gpu()
+        if problem:
+            return f"preloading loaded {', '.join(loaded)} and a forked child {problem}"
+    return None
+
+
+def probe_forked_gpu(timeout_s: float = 120.0) -> str | None:
+    """Fork a child that creates a CUDA context and reads NVML, as a workload will: None if
+    it can, else what failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            has_gpu = Path("/dev/nvidiactl").exists()
+            if has_gpu or torch.cuda.is_available():
+                assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
+                assert torch.ones(1, device="cuda").add(1).item() == 2
+            nvml = sys.modules.get("pynvml")
+            if nvml is not None and has_gpu:
+                nvml.nvmlInit()
+                nvml.nvmlDeviceGetCount()
+                nvml.nvmlShutdown()
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported through the exit code and the log
+            with _suppress():
+                traceback.print_exc()
+        os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return None if code == 0 else f"could not use the GPU (probe exit {code})"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return f"hung using the GPU (probe killed after {timeout_s:g} s)"
 
 
 def threads_problem() -> str | None:
@@ -571,7 +621,7 @@ class Server:
             conn.pidfd = None
         else:
             self.selector.register(conn.pidfd, selectors.EVENT_READ, ("exit", conn))
-        log(f"slot {self.slot}: child {pid}: {' '.join(request['argv'][:1])}")
+        log(f"slot {self.slot}: child {pid}: {' '.join(request['argv'])[:300]}")
 
     def _child_exited(self, conn: Connection, reaped: bool = False) -> None:
         assert conn.child is not None
@@ -745,6 +795,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server.prepare()
         server.serve()
+    except SystemExit:
+        log(f"slot {args.slot}: terminated")
     finally:
         server.close()
     return 0

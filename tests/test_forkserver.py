@@ -42,6 +42,7 @@ runs:
 container: {variant: cpu}
 """
 RUNS, REPEATS = ("gpt_tiny", "attn_math"), (0, 1)
+LEAK_RESULTS: dict[str, Path] = {}  # launcher -> results folder of the leak config's run
 
 
 def alive(pid: int) -> bool:
@@ -74,6 +75,7 @@ def server_pids(logs: Path) -> set[int]:
 
 
 def run_leak_config(tmp_path: Path, launcher: str) -> dict[tuple[str, int], dict]:
+    """The timing records of the leak config's runs, by (run, repeat)."""
     workdir = tmp_path / launcher
     workdir.mkdir()
     config = workdir / "leak.yaml"
@@ -83,6 +85,7 @@ def run_leak_config(tmp_path: Path, launcher: str) -> dict[tuple[str, int], dict
               "--config", f"launcher={launcher}")
     records = {(run, i): json.loads((workdir / f"results/leak/{run}/timing/r{i}.json")
                                     .read_text()) for run in RUNS for i in REPEATS}
+    LEAK_RESULTS[launcher] = workdir / "results/leak"
     for record in records.values():
         assert record["status"] == "ok", record["message"]
     if launcher == "fork":  # the servers were stopped with the invocation
@@ -181,6 +184,55 @@ def test_process_section_sees_what_a_compile_leaves(tmp_path: Path) -> None:
     assert state["dynamo_frame_counts"] > 0
     assert state["inductor_code_cache_modules"] > 0
     assert state["launcher"] == "process"
+
+
+def test_overhead_benchmark_reads_every_timing_job(leak_records) -> None:
+    """benchmarks/job_overhead.py on the two runs: a row per job with its wall time from
+    Snakemake's benchmark file, the work from the job's record, the launcher that ran it."""
+    job_overhead = load_benchmark()
+    for launcher, results in LEAK_RESULTS.items():
+        jobs = job_overhead.read_jobs(results)
+        assert sorted(j["job"] for j in jobs) == sorted(f"{r}.r{i}" for r in RUNS for i in REPEATS)
+        for job in jobs:
+            assert job["kind"] == "timing" and job["launcher"] == launcher
+            assert job["overhead_s"] == pytest.approx(job["wall_s"] - job["work_s"], abs=1e-3)
+            assert job["work_s"] == pytest.approx(job["warmup_s"] + job["steps_s"], abs=1e-3)
+        assert job_overhead.overhead_stats(jobs)["timing"]["jobs"] == len(jobs)
+        assert job_overhead.process_checks(results, launcher) == []
+        assert set(job_overhead.run_spreads(results)) == set(RUNS)
+    # the other launcher's records fail the check
+    assert job_overhead.process_checks(LEAK_RESULTS["fork"], "process")
+
+
+def test_projection_adds_up_per_job_costs() -> None:
+    job_overhead = load_benchmark()
+    costs = job_overhead.Costs(timing_overhead_s=1.0, compiled_timing_overhead_s=3.0,
+                               capture_overhead_s=10.0, calibrate_s=5.0, gap_s=0.5,
+                               compile_s=20.0, trace_slowdown=2.0)
+    runs = {
+        "eager": {"workload": "gpt", "warmup": 2, "steps": 10, "profile": True},
+        "compiled": {"workload": "gpt", "warmup": 4, "steps": 10, "profile": False,
+                     "compile": "default"},
+    }
+    out = job_overhead.project_wall_time(runs, repeats=3, calibrate=True, costs=costs,
+                                         step_ms=lambda name, _: 100.0)
+    eager = 3 * (1.0 + 0.2 + 1.0) + (10.0 + 0.2 + 2.0)  # 3 timing jobs + 1 capture
+    compiled = 3 * (3.0 + 0.4 + 20.0 + 1.0)
+    gaps = (4 + 3) * 0.5
+    assert out["gpu_jobs"] == 1 + 4 + 3
+    assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + gaps)
+
+
+def load_benchmark():  # noqa: ANN201 - a module loaded from a path
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("job_overhead",
+                                                  REPO / "benchmarks" / "job_overhead.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 # --- the guard through a server ----------------------------------------------------------------
