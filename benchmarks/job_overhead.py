@@ -49,14 +49,14 @@ KINDS = ("timing", "timing_compiled", "capture", "calibrate")
 # --- one side: run the config, read its jobs -------------------------------------------------
 
 
-def run_side(configfile: Path, launcher: str, workdir: Path, cores: int, all_rules: bool,
+def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, all_rules: bool,
              extra_config: list[str], snakemake_args: list[str]) -> dict[str, Any]:
     """Run the config's GPU jobs with this launcher into a fresh folder; its jobs and timings."""
     results = workdir / launcher
     if results.exists():
         shutil.rmtree(results)
     cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--resources", "gpu=1",
-           "--keep-going", "--configfile", str(configfile),
+           "--keep-going", "--configfile", *map(str, configfiles),
            "--config", f"results={results}", f"launcher={launcher}", *extra_config,
            *snakemake_args]
     if not all_rules:
@@ -434,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the whole pipeline, not only its GPU jobs")
     parser.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
                         help="more Snakemake --config overrides (e.g. 'select=[attn_*]')")
+    parser.add_argument("--repeats", type=int,
+                        help="timing processes per run instead of the config's (more data "
+                             "for comparing the launchers' CI widths)")
     parser.add_argument("--out", type=Path, help="write the result JSON here")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="combine one-sided result files instead of running")
@@ -461,9 +464,14 @@ def main(argv: list[str] | None = None) -> int:
         configfile = parts[0]["configfile"]
     else:
         args.workdir.mkdir(parents=True, exist_ok=True)
+        configfiles = [args.configfile]
+        if args.repeats:  # Snakemake merges a later config file into the earlier one
+            overlay = args.workdir.resolve() / "repeats.yaml"
+            overlay.write_text(json.dumps({"timing": {"repeats": args.repeats}}) + "\n")
+            configfiles.append(overlay)
         sides = {}
         for launcher in args.launchers.split(","):
-            sides[launcher] = run_side(args.configfile, launcher, args.workdir.resolve(),
+            sides[launcher] = run_side(configfiles, launcher, args.workdir.resolve(),
                                        args.cores, args.all, args.config, args.snakemake_args)
         configfile = str(args.configfile)
     result = {"configfile": configfile, "sides": sides, "ratio": compare(sides)}
