@@ -585,10 +585,20 @@ class Server:
             self._drop(conn)
             return
         conn.data += data
-        if b"\n" in conn.data:
+        if b"\n" not in conn.data:
+            return
+        try:
             self._request(conn, json.loads(conn.data.split(b"\n", 1)[0]))
+        except (ValueError, KeyError, TypeError, OSError) as e:  # a bad request, no fork
+            log(f"slot {self.slot}: request failed: {type(e).__name__}: {e}")
+            with _suppress():
+                send(conn.sock, {"refuse": f"request failed: {type(e).__name__}: {e}"})
+            if conn.child is None:
+                self._drop(conn)
 
     def _request(self, conn: Connection, request: dict[str, Any]) -> None:
+        if not isinstance(request, dict):
+            raise TypeError("a request is a JSON object")
         if request.get("op") == "stop":
             self.stopping = True
             self._stop_listening()

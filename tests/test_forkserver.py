@@ -342,6 +342,18 @@ def test_job_whose_environment_differs_gets_a_process(server_env, tmp_path: Path
     assert result["status"] == "ok" and result["process"]["launcher"] == "process"
 
 
+def test_bad_request_is_refused_and_the_server_serves_on(server_env, tmp_path: Path) -> None:
+    server = ready_server(server_env, tmp_path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(forkserver.address(server_env[forkserver.ENV_NAME], 0))
+    with sock:
+        reader = forkserver.Reader(sock)
+        assert reader.read(time.monotonic() + 60)["hello"]["pid"] == server
+        sock.sendall(b'{"op": "spawn", "argv": []}\n')  # no environment, no fds
+        assert "request failed: KeyError" in reader.read(time.monotonic() + 60)["refuse"]
+    assert ready_server(server_env, tmp_path) == server
+
+
 def test_memory_limited_run_gets_a_process(server_env, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     done = run_guard(server_env, out, [*TINY_TRAIN, "--warmup", "0", "--steps", "1",
