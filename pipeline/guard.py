@@ -2,10 +2,14 @@
 crashed pipeline.
 
     python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N]
-                             [--expect FILE ...] [--run NAME] -- CMD ARGS...
+                             [--expect FILE ...] [--run NAME] [--fork-slot N] -- CMD ARGS...
 
 CMD runs in its own process group; its stdout/stderr stream through to the guard's (the job
-log). RESULT.json ends up with a ``status``:
+log). With --fork-slot N, a `<python> -m workloads ARGS` command is forked by the pipeline's
+fork server N (pipeline/forkserver.py) when the pipeline names one (PROFBENCH_FORKSERVER):
+a fresh process with the modules already imported, in a session of its own, exactly as
+signalled, timed and judged as a started one; when no server can serve it, it is started as
+a process. RESULT.json ends up with a ``status``:
 
 * the command's own (it wrote RESULT.json with a ``status``: ok | oom | unsupported | error),
   kept as written plus ``returncode`` and ``elapsed_s``;
@@ -42,7 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from pipeline import forkserver
+
 DEFAULT_GRACE_S = 10.0
+# The longest a job waits for a fork server that is still importing torch & co. before it
+# starts a process instead (within its own --timeout-s).
+SERVER_WAIT_S = 300.0
 TAIL_LINES = 200  # kept from the command's output, to classify the failure
 MESSAGE_LINES = 12  # of those, how many go into an error's message
 # The workloads' exit codes for a result they could not produce (workloads/__main__.py).
@@ -116,14 +125,18 @@ def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> t
     return thread
 
 
-def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+# A started process or a forked child (forkserver.Child): both lead their own process group.
+Proc = subprocess.Popen[bytes] | forkserver.Child
+
+
+def _signal_group(proc: Proc, signum: int) -> None:
     try:
         os.killpg(proc.pid, signum)
     except ProcessLookupError:
         pass  # the group is already gone
 
 
-def _stop_group(proc: subprocess.Popen[bytes], signum: int, grace_s: float) -> None:
+def _stop_group(proc: Proc, signum: int, grace_s: float) -> None:
     """`signum` to the whole group, then SIGKILL to what is left after the grace period."""
     _signal_group(proc, signum)
     try:
@@ -134,7 +147,7 @@ def _stop_group(proc: subprocess.Popen[bytes], signum: int, grace_s: float) -> N
     proc.wait()
 
 
-def _drain(proc: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None:
+def _drain(proc: Proc, pumps: list[threading.Thread]) -> None:
     """Wait for the output to end; processes of the group that outlive the command and hold
     its pipes open are killed, or the guard would wait for them forever."""
     for pump in pumps:
@@ -146,26 +159,75 @@ def _drain(proc: subprocess.Popen[bytes], pumps: list[threading.Thread]) -> None
 
 
 def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
-                running: list[subprocess.Popen[bytes]]) -> Outcome:
+                running: list[Proc], fork_slot: int | None = None) -> Outcome:
     """Run `cmd` in its own process group, streaming its output; kill it on timeout.
-    The running process is put in `running`, so a signal handler can stop its group."""
+    The running process is put in `running`, so a signal handler can stop its group.
+    With `fork_slot`, the fork server of that slot forks it when it can (the time spent
+    waiting for a server that is still starting counts against the timeout)."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc, stdout, stderr = _launch(cmd, fork_slot, timeout_s, start)
     running.append(proc)
-    assert proc.stdout is not None and proc.stderr is not None
-    pumps = [_pump(proc.stdout, sys.stdout.buffer, tail),
-             _pump(proc.stderr, sys.stderr.buffer, tail)]
+    pumps = [_pump(stdout, sys.stdout.buffer, tail), _pump(stderr, sys.stderr.buffer, tail)]
     timed_out = False
+    left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
     try:
-        proc.wait(timeout=timeout_s)
+        proc.wait(timeout=left)
     except subprocess.TimeoutExpired:
         timed_out = True
         _stop_group(proc, signal.SIGTERM, grace_s)
     _drain(proc, pumps)
     running.remove(proc)
+    lost = getattr(proc, "lost", None)
+    if lost:
+        tail.append(f"guard: {lost}")
     return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out, tail)
+
+
+def _launch(cmd: list[str], fork_slot: int | None, timeout_s: float | None,
+            start: float) -> tuple[Proc, IO[bytes], IO[bytes]]:
+    """The running command and its stdout/stderr: forked by the server when it can, else a
+    process of its own."""
+    if fork_slot is not None and os.environ.get(forkserver.ENV_NAME):
+        try:
+            return _fork(cmd, fork_slot, timeout_s, start)
+        except forkserver.Unavailable as e:
+            print(f"guard: not forked ({e}); starting a process", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc, proc.stdout, proc.stderr
+
+
+def _fork(cmd: list[str], slot: int, timeout_s: float | None,
+          start: float) -> tuple[forkserver.Child, IO[bytes], IO[bytes]]:
+    argv = forkserver.workload_argv(cmd)
+    wait_s = SERVER_WAIT_S if timeout_s is None else min(SERVER_WAIT_S, timeout_s)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    stdin = _stdin_fd()
+    try:
+        child = forkserver.spawn(slot, argv, (stdin, out_w, err_w), deadline=start + wait_s)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        for fd in (out_w, err_w):
+            os.close(fd)
+        if stdin != 0:
+            os.close(stdin)
+    print(f"guard: forked by fork server {slot} (pid {child.pid})", file=sys.stderr, flush=True)
+    return child, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+
+
+def _stdin_fd() -> int:
+    """Our stdin for the child, as a started process would inherit it (/dev/null if closed)."""
+    try:
+        os.fstat(0)
+    except OSError:
+        return os.open(os.devnull, os.O_RDONLY)
+    return 0
 
 
 # --- judging the outcome ----------------------------------------------------------------------
@@ -335,6 +397,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--expect", nargs="+", type=Path, default=[], metavar="FILE",
                         help="files a successful CMD must leave (non-empty; nsys exports)")
     parser.add_argument("--run", help="the run's name, recorded in the result")
+    parser.add_argument("--fork-slot", type=int, metavar="N",
+                        help="let fork server N (PROFBENCH_FORKSERVER) fork a `python -m "
+                             "workloads` CMD; without a server CMD starts as a process")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     if args.cmd[:1] == ["--"]:
@@ -359,11 +424,10 @@ def _install_stop_handlers() -> None:
         signal.signal(signum, handle)
 
 
-def guarded_result(args: argparse.Namespace,
-                   running: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+def guarded_result(args: argparse.Namespace, running: list[Proc]) -> dict[str, Any]:
     """Run the command and judge it."""
     try:
-        outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running)
+        outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running, args.fork_slot)
     except OSError as e:  # not found, not executable: still a result
         return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
                 "returncode": None, "elapsed_s": 0.0}
@@ -377,7 +441,7 @@ def guarded_result(args: argparse.Namespace,
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    running: list[subprocess.Popen[bytes]] = []
+    running: list[Proc] = []
     _install_stop_handlers()
     try:
         args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's

@@ -16,6 +16,7 @@ REPO = Path(workflow.basedir)
 sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 from pipeline import config as _config  # noqa: E402
+from pipeline import forkserver as _forkserver  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
 from pipeline import resources as _resources  # noqa: E402
 from pipeline import tools as _tools  # noqa: E402
@@ -228,8 +229,40 @@ if workflow.is_main_process:  # not again in each job's own Snakemake process
         raise _check_error(e) from None
 
 
+# --- the fork servers (pipeline/forkserver.py, docs/timing.md) --------------------------------
+# With `launcher: fork`, the timing and calibration jobs of this invocation are forked by fork
+# servers: onstart names them in the environment every job inherits; the first job of each
+# timing slot (repeat index) starts its slot's server in the job's own environment (host or
+# image), which then lives as long as this Snakemake process; onsuccess/onerror stop them.
+# Jobs on a remote executor (Slurm) start processes: a server on the submitting machine is
+# not on the job's node.
+LAUNCHER = config["launcher"] if workflow.local_exec and workflow.is_main_process else "process"
+
+
+def name_fork_servers():
+    if LAUNCHER == "fork":
+        os.environ[_forkserver.ENV_NAME] = _forkserver.new_name(os.getpid())
+        os.environ[_forkserver.ENV_OWNER] = str(os.getpid())
+        os.environ[_forkserver.ENV_LOGS] = str(Path(LOGS).resolve())
+
+
+def stop_fork_servers():
+    name = os.environ.pop(_forkserver.ENV_NAME, None)
+    if name:
+        _forkserver.stop(name, REPEATS or [0])
+
+
 onstart:
     try:
         startup_checks()
     except _checks.CheckError as e:
         raise _check_error(e) from None
+    name_fork_servers()
+
+
+onsuccess:
+    stop_fork_servers()
+
+
+onerror:
+    stop_fork_servers()

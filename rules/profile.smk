@@ -1,7 +1,9 @@
 # Stage 1: run each workload. The untraced timing twin (rule time_run, `repeats` processes)
 # gives the published step time; the nsys capture (rule profile) explains where it goes.
 # Both run under pipeline/guard.py: a crash, an OOM or a timeout becomes the run's result
-# record (status + message) instead of stopping the workflow.
+# record (status + message) instead of stopping the workflow. Timing and calibration
+# processes are forked by the invocation's fork servers (launcher: fork, pipeline/
+# forkserver.py); a capture starts its own process under nsys.
 
 
 # The workloads wrap their measured steps in the NVTX range `profiled_region` and, on CUDA, in
@@ -63,8 +65,8 @@ rule calibrate:
     container:
         RULE_CONTAINER
     shell:
-        "{params.guard} --out {output} -- {params.python} -m workloads calibrate --out {output}"
-        " > {log} 2>&1"
+        "{params.guard} --fork-slot 0 --out {output} --"
+        " {params.python} -m workloads calibrate --out {output} > {log} 2>&1"
 
 
 rule time_run:
@@ -91,8 +93,10 @@ rule time_run:
         RULE_CONTAINER
     shell:
         # The cores keep other jobs away; the workload itself runs with one CPU thread, as in
-        # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads).
-        "{params.guard} --run {wildcards.run} --out {output} --"
+        # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). With
+        # `launcher: fork`, repeat i is forked by fork server i (rules/common.smk): the
+        # repeats of one run come from different interpreters.
+        "{params.guard} --run {wildcards.run} --fork-slot {wildcards.repeat} --out {output} --"
         " {params.python} -m workloads {params.workload} --out {output} > {log} 2>&1"
 
 

@@ -125,6 +125,7 @@ RESULT_KEYS = {
     "peak_tflops",
     "mfu",
     "provenance",
+    "process",  # pid, launcher and what the process started from (docs/timing.md)
     # added with the status contract
     "status",
     "message",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops
+from workloads import calibrate, flops, process_state
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cuda_graph == "step":
             check_capturable(device, args.dtype, args.mode)
         workload = build_workload(args, device)
+        record.result["process"].update(process_state.after_build())
     except ValueError as err:  # invalid combination of options: a usage error
         record.fail("error", str(err))
         record.write()
@@ -157,6 +158,7 @@ class Record:
 
     def __init__(self, args: argparse.Namespace, device: torch.device, memory_limited: bool):
         self.args, self.device = args, device
+        process = process_state.at_start()  # first: nothing below may touch it (docs/timing.md)
         params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         params.pop("workload")
         params["device"] = device.type
@@ -178,6 +180,7 @@ class Record:
             "losses": [],
             "gpu_state": {"available": False, "reason": "run did not reach the measured steps"},
             "provenance": provenance(params=hashed),
+            "process": process,
         }
 
     def fail(self, status: str, message: str) -> None:

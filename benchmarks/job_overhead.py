@@ -1,0 +1,486 @@
+"""The suite's own cost: each GPU job's wall time minus the work it measures, per launcher.
+
+Runs one config's GPU jobs (calibrate, untraced timing, captures) with Snakemake twice, back
+to back on the same machine: `launcher: process` (one interpreter per job, "before") and
+`launcher: fork` (the fork servers, "after"), each into a fresh results folder. A job's fixed
+overhead is its wall time (Snakemake's benchmark file, `{results}/logs/benchmark/`) minus its
+warm-up and measured steps (host clock, from the job's own JSON: compilation happens in the
+warm-up, so it is part of what is subtracted); a calibration job's overhead is its whole wall
+time (its measurement is cached per GPU after the first run). Prints per kind of job and
+overall the median and p90 of the overhead, before / after and their ratio, the invocation's
+wall time, and per run the CI half-width and the spread between processes of both sides.
+
+    python benchmarks/job_overhead.py --configfile config.yaml --out job_overhead.json
+    python benchmarks/job_overhead.py --configfile config.yaml --launchers fork --out b.json
+    python benchmarks/job_overhead.py --merge a.json b.json --out both.json
+    python benchmarks/job_overhead.py --project config/full.yaml --costs both.json \\
+        [--measured results ...]
+
+`--project` estimates a config's wall time on one GPU from per-job costs (see
+:func:`project_wall_time`): the fixed overheads measured here, and step times measured in the
+results folders given (by run name) or estimated from the run's FLOPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GPU_RULES = ("calibrate", "time_run", "profile")
+# timing_compiled: a compiled run's timing job (torch.compile's own start-up and exit, e.g.
+# Inductor's compile-worker pool, land outside its warm-up and steps)
+KINDS = ("timing", "timing_compiled", "capture", "calibrate")
+
+
+# --- one side: run the config, read its jobs -------------------------------------------------
+
+
+def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, all_rules: bool,
+             extra_config: list[str], snakemake_args: list[str]) -> dict[str, Any]:
+    """Run the config's GPU jobs with this launcher into a fresh folder; its jobs and timings."""
+    results = workdir / launcher
+    if results.exists():
+        shutil.rmtree(results)
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--resources", "gpu=1",
+           "--keep-going", "--configfile", *map(str, configfiles),
+           "--config", f"results={results}", f"launcher={launcher}", *extra_config,
+           *snakemake_args]
+    if not all_rules:
+        cmd += ["--until", *GPU_RULES]
+    print(f"[{launcher}] {' '.join(cmd)}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    (workdir / f"snakemake.{launcher}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        print(f"[{launcher}] snakemake exited {done.returncode}; see "
+              f"{workdir}/snakemake.{launcher}.log", file=sys.stderr)
+    jobs = read_jobs(results)
+    return {
+        "launcher": launcher,
+        "results": str(results),
+        "returncode": done.returncode,
+        "wall_s": round(wall, 2),
+        "jobs": jobs,
+        "stats": overhead_stats(jobs),
+        "runs": run_spreads(results),
+        "preload": read_preloads(results / "logs"),
+        "process_checks": process_checks(results, launcher),
+    }
+
+
+def read_jobs(results: Path) -> list[dict[str, Any]]:
+    """One row per GPU job that left a benchmark file: kind, wall, work, overhead."""
+    bench = results / "logs" / "benchmark"
+    jobs = []
+    for path in sorted(bench.rglob("*.jsonl")):
+        kind, run, record_path = job_of(path, bench, results)
+        if kind is None:
+            continue
+        wall = _last_json_line(path)["s"]
+        record = _read_json(record_path) or {}
+        jobs.append(job_row(kind, run, path.stem, wall, record))
+    return jobs
+
+
+def job_of(path: Path, bench: Path, results: Path) -> tuple[str | None, str, Path]:
+    """(kind, run, the job's JSON) of a benchmark file."""
+    rel = path.relative_to(bench)
+    if rel.parts[0] == "time_run":
+        run, repeat = re.fullmatch(r"(.+)\.r(\d+)\.jsonl", rel.parts[1]).groups()  # type: ignore[union-attr]
+        return "timing", run, results / run / "timing" / f"r{repeat}.json"
+    if rel.parts[0] == "profile":
+        run = rel.parts[1].removesuffix(".jsonl")
+        return "capture", run, results / run / "times.json"
+    if rel.name == "calibrate.jsonl":
+        return "calibrate", "", results / "calibration.json"
+    return None, "", path
+
+
+def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
+            ) -> dict[str, Any]:
+    status = record.get("status", "ok" if record else "missing")
+    if kind == "timing" and (record.get("params") or {}).get("compile", "off") != "off":
+        kind = "timing_compiled"
+    work = work_seconds(record) if kind != "calibrate" else 0.0
+    ok = status == "ok" and work is not None
+    process = record.get("process") or {}
+    return {
+        "kind": kind, "run": run, "job": name, "status": status, "wall_s": wall,
+        "work_s": work, "overhead_s": round(wall - work, 3) if ok else None,
+        "compile_s": record.get("compile_s"), "launcher": process.get("launcher"),
+        "warmup_s": _sum_ms(record.get("warmup_times_ms")),
+        "steps_s": _sum_ms(record.get("step_times_ms")),
+    }
+
+
+def work_seconds(record: dict[str, Any]) -> float | None:
+    """Warm-up (compilation included) plus measured steps, host clock; None without them."""
+    warm, steps = record.get("warmup_times_ms"), record.get("step_times_ms")
+    if warm is None or not steps:
+        return None
+    return (sum(warm) + sum(steps)) / 1e3
+
+
+def _sum_ms(values: list[float] | None) -> float | None:
+    return None if values is None else round(sum(values) / 1e3, 4)
+
+
+def overhead_stats(jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind and overall: jobs measured, median and p90 of the fixed overhead (s)."""
+    stats = {}
+    for kind in (*KINDS, "all"):
+        values = [j["overhead_s"] for j in jobs
+                  if j["overhead_s"] is not None and kind in (j["kind"], "all")]
+        failed = [j for j in jobs if j["overhead_s"] is None and kind in (j["kind"], "all")]
+        stats[kind] = {
+            "jobs": len(values),
+            "median_s": round(statistics.median(values), 3) if values else None,
+            "p90_s": round(percentile(values, 90), 3) if values else None,
+            "total_s": round(sum(values), 2),
+            "failed_jobs": len(failed),
+            "failed_wall_s": round(sum(j["wall_s"] for j in failed), 2),
+        }
+    return stats
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile, linear between order statistics (numpy's default)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def run_spreads(results: Path) -> dict[str, dict[str, Any]]:
+    """Per run with 2+ ok timing processes: the published estimate, its CI half-width and the
+    spread of the per-process medians (max - min, relative to the estimate)."""
+    from analysis.metrics.timing import summarize
+
+    runs = {}
+    for timing in sorted(results.glob("*/timing")):
+        records = [_read_json(p) or {} for p in sorted(timing.glob("r*.json"))]
+        samples = [r.get("step_ms") for r in records if r.get("status") == "ok"]
+        samples = [s for s in samples if s]
+        if len(samples) < 2:
+            continue
+        summary = summarize(samples)
+        medians = [statistics.median(s) for s in samples]
+        runs[timing.parent.name] = {
+            "processes": len(samples),
+            "median_ms": round(summary.median_ms, 4),
+            "ci_half_width_rel": round(summary.ci_half_width_rel, 4),
+            "process_spread_rel": round((max(medians) - min(medians)) / summary.median_ms, 4),
+        }
+    return runs
+
+
+def read_preloads(logs: Path) -> dict[str, Any]:
+    """What each fork server spent preloading (its log's `preloaded in` line)."""
+    out = {}
+    for log in sorted(logs.glob("forkserver.s*.log")):
+        for line in log.read_text().splitlines():
+            match = re.search(r"slot (\d+): preloaded in ([\d.]+) s: (\{.*\})", line)
+            if match:
+                out[f"s{match[1]}"] = {"total_s": float(match[2]),
+                                       "modules": json.loads(match[3])}
+            elif "refusing every request" in line:
+                out[log.stem] = {"refused": line.split("refusing every request: ", 1)[1]}
+    return out
+
+
+def process_checks(results: Path, launcher: str) -> list[str]:
+    """What the timing records' process sections say against a clean start: every problem
+    found (empty: none)."""
+    problems = []
+    sections = {p: (_read_json(p) or {}).get("process") for p in results.glob("*/timing/r*.json")}
+    pids = [s["pid"] for s in sections.values() if s]
+    if len(pids) != len(set(pids)):
+        problems.append("two timing records share a pid")
+    for path, s in sorted(sections.items()):
+        if not s:
+            continue
+        name = str(path.relative_to(results))
+        if s["launcher"] != launcher:
+            problems.append(f"{name}: launched by {s['launcher']}")
+        if s["cuda_initialized"] or s["cuda_memory"]:
+            problems.append(f"{name}: CUDA existed before the workload: {s['cuda_memory']}")
+        if s["inductor_code_cache_modules"] or s["dynamo_frame_counts"]:
+            problems.append(f"{name}: compiled code before the workload")
+    return problems
+
+
+def _last_json_line(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text().strip().splitlines()[-1])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- the comparison --------------------------------------------------------------------------
+
+
+def compare(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Before (process) / after (fork) ratios of the overhead medians and the wall time."""
+    before, after = sides.get("process"), sides.get("fork")
+    if not (before and after):
+        return {}
+    ratios = {}
+    for kind in (*KINDS, "all"):
+        b, a = before["stats"][kind]["median_s"], after["stats"][kind]["median_s"]
+        ratios[kind] = round(b / a, 2) if b and a else None
+    ratios["wall"] = round(before["wall_s"] / after["wall_s"], 2)
+    return ratios
+
+
+def print_report(result: dict[str, Any]) -> None:
+    sides = result["sides"]
+    names = [n for n in ("process", "fork") if n in sides]
+    print(f"config {result['configfile']}: fixed overhead per GPU job (wall - warm-up - steps)")
+    header = "".join(f" | {n} median / p90 (n)" for n in names)
+    print(f"{'kind':<16}{header}" + (" | ratio" if len(names) == 2 else ""))
+    for kind in (*KINDS, "all"):
+        cells = []
+        for n in names:
+            s = sides[n]["stats"][kind]
+            cells.append(f" | {_s(s['median_s'])} / {_s(s['p90_s'])} ({s['jobs']})")
+        ratio = result["ratio"].get(kind) if result["ratio"] else None
+        print(f"{kind:<16}{''.join(cells)}" + (f" | {ratio}x" if len(names) == 2 else ""))
+    walls = " | ".join(f"{n} {sides[n]['wall_s']:.1f} s" for n in names)
+    ratio = f" | ratio {result['ratio']['wall']}x" if result["ratio"] else ""
+    print(f"invocation wall time: {walls}{ratio}")
+    for n in names:
+        failed = sides[n]["stats"]["all"]
+        if failed["failed_jobs"]:
+            print(f"  {n}: {failed['failed_jobs']} failed jobs (oom/unsupported/...), "
+                  f"{failed['failed_wall_s']} s, not in the overhead statistics")
+        print(f"  {n}: process checks: {'; '.join(sides[n]['process_checks']) or 'clean'}")
+        for slot, info in sides[n]["preload"].items():
+            print(f"  {n}: fork server {slot}: {info}")
+    print("\nper run: CI half-width / spread of the per-process medians (relative)")
+    runs = sorted(set().union(*(sides[n]["runs"] for n in names)))
+    print(f"{'run':<58}" + "".join(f" | {n:>17}" for n in names))
+    for run in runs:
+        cells = []
+        for n in names:
+            r = sides[n]["runs"].get(run)
+            cells.append(f" | {r['ci_half_width_rel']:7.2%} / {r['process_spread_rel']:7.2%}"
+                         if r else f" | {'-':>17}")
+        print(f"{run:<58}{''.join(cells)}")
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+# --- projecting a config's wall time ----------------------------------------------------------
+
+
+@dataclass
+class Costs:
+    """Per-job costs on one GPU, in seconds (measured by this benchmark where it can)."""
+
+    timing_overhead_s: float  # fixed overhead of an untraced timing job
+    compiled_timing_overhead_s: float  # of a compiled run's timing job
+    capture_overhead_s: float  # of a capture job (nsys start, export to SQLite, ...)
+    calibrate_s: float  # the calibration job, whole
+    gap_s: float = 0.2  # Snakemake's time between two GPU jobs
+    compile_s: float = 20.0  # a compiled run's warm-up beyond its steps (torch.compile)
+    trace_slowdown: float = 1.3  # a traced step / an untraced one (docs/timing.md)
+
+    @classmethod
+    def from_result(cls, result: dict[str, Any], launcher: str = "fork") -> Costs:
+        side = result["sides"][launcher]
+        stats = side["stats"]
+        jobs = side["jobs"]
+        compiles = [j["compile_s"] for j in jobs if j.get("compile_s")]
+        walls = sum(j["wall_s"] for j in jobs)
+        return cls(
+            timing_overhead_s=stats["timing"]["median_s"] or 0.0,
+            compiled_timing_overhead_s=(stats["timing_compiled"]["median_s"]
+                                        or stats["timing"]["median_s"] or 0.0),
+            capture_overhead_s=stats["capture"]["median_s"] or 0.0,
+            calibrate_s=stats["calibrate"]["median_s"] or 0.0,
+            gap_s=max(0.0, (side["wall_s"] - walls) / max(1, len(jobs))),
+            compile_s=statistics.median(compiles) if compiles else cls.compile_s,
+        )
+
+
+def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: bool,
+                      costs: Costs, step_ms: Callable[[str, dict[str, Any]], float]
+                      ) -> dict[str, Any]:
+    """A config's GPU time on one GPU, its jobs one after another: per job its fixed overhead
+    + warm-up steps (+ compilation) + measured steps x the run's step time; a capture's steps
+    are slower by the tracer. `runs`: name -> resolved parameters (pipeline.config);
+    `step_ms(name, params)`: the run's untraced step time in ms."""
+    total = costs.calibrate_s + costs.gap_s if calibrate else 0.0
+    jobs = int(calibrate)
+    by_part = {"overhead": 0.0, "warmup": 0.0, "steps": 0.0, "compile": 0.0, "gaps": 0.0}
+    for name, params in runs.items():
+        step_s = step_ms(name, params) / 1e3
+        compiled = params.get("compile", "off") != "off"
+        compile_s = costs.compile_s if compiled else 0.0
+        warm = params.get("warmup", 0) * step_s
+        steps = params.get("steps", 1) * step_s
+        n_jobs = repeats
+        by_part["overhead"] += repeats * (costs.compiled_timing_overhead_s if compiled
+                                          else costs.timing_overhead_s)
+        by_part["steps"] += repeats * steps
+        if params.get("profile", True):
+            n_jobs += 1
+            by_part["overhead"] += costs.capture_overhead_s
+            by_part["steps"] += steps * costs.trace_slowdown
+        by_part["warmup"] += n_jobs * warm
+        by_part["compile"] += n_jobs * compile_s
+        by_part["gaps"] += n_jobs * costs.gap_s
+        jobs += n_jobs
+    total += sum(by_part.values())
+    return {"gpu_jobs": jobs, "hours": round(total / 3600, 2), "seconds": round(total),
+            "by_part_s": {k: round(v) for k, v in by_part.items()}, "costs": asdict(costs)}
+
+
+# An untraced step's estimate when no measurement is given: FLOPs at an achieved rate (H100,
+# dense, well below the datasheet peaks), never below a launch-bound floor per layer.
+ACHIEVED_TFLOPS = {"fp32": 45.0, "tf32": 250.0, "bf16": 400.0, "fp16": 400.0}
+EAGER_MS_PER_LAYER = {"forward": 1.2, "forward_backward": 3.0, "train": 3.8}
+MIN_STEP_MS = 0.05
+
+
+def estimated_step_ms(params: dict[str, Any]) -> float:
+    """A rough untraced step time (ms) of a run from its FLOPs and a launch floor."""
+    from workloads import flops
+    from workloads.gpt import config_for
+
+    workload, mode, dtype = params["workload"], params.get("mode", "forward"), params["dtype"]
+    floor = MIN_STEP_MS
+    if workload == "gpt":
+        cfg = config_for(params["size"], context_length=params["context"],
+                         vocab_size=params["vocab"], attention=params.get("attention", "sdpa"))
+        work = flops.step_flops(flops.gpt_forward_flops(cfg, params["batch"], params["context"]),
+                                mode)
+        floor = cfg.n_layers * EAGER_MS_PER_LAYER[mode]
+        if params.get("compile", "off") == "reduce-overhead":
+            floor /= 6  # CUDA graphs remove the launch gaps (published: 8.9 vs 53 ms)
+    elif workload == "attention":
+        work = flops.step_flops(flops.attention_forward_flops(
+            params["batch"], params["seq"], params["embed"]), mode)
+    else:
+        work = flops.attention_core_step_flops(flops.attention_core_forward_flops(
+            params["batch"], params["heads"], params["seq"], params["head_dim"],
+            params.get("causal", False)), mode)
+    return max(floor, work / (ACHIEVED_TFLOPS[dtype] * 1e12) * 1e3)
+
+
+def measured_step_ms(results: list[Path]) -> dict[str, float]:
+    """Run name -> the median of its timing processes' medians, from results folders."""
+    out = {}
+    for folder in results:
+        for timing in folder.glob("*/timing"):
+            medians = [r["median_ms"] for p in timing.glob("r*.json")
+                       if (r := _read_json(p) or {}).get("status") == "ok"
+                       and r.get("median_ms") is not None]
+            if medians:
+                out[timing.parent.name] = statistics.median(medians)
+    return out
+
+
+def project(configfile: Path, costs: Costs, measured: list[Path]) -> dict[str, Any]:
+    from pipeline.config import load
+
+    plan = load(configfile)
+    known = measured_step_ms(measured)
+
+    def step_ms(name: str, params: dict[str, Any]) -> float:
+        return known[name] if name in known else estimated_step_ms(params)
+
+    result = project_wall_time(plan.runs, len(plan.repeats), bool(plan.config["calibrate"]),
+                               costs, step_ms)
+    result["runs_measured"] = sum(1 for n in plan.runs if n in known)
+    result["runs_estimated"] = len(plan.runs) - result["runs_measured"]
+    result["configfile"] = str(configfile)
+    return result
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configfile", type=Path, default=Path("config.yaml"))
+    parser.add_argument("--launchers", default="process,fork",
+                        help="sides to run, in this order (default: process,fork)")
+    parser.add_argument("--workdir", type=Path, default=Path("results/job_overhead"))
+    parser.add_argument("--cores", type=int, default=4)
+    parser.add_argument("--all", action="store_true",
+                        help="the whole pipeline, not only its GPU jobs")
+    parser.add_argument("--config", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more Snakemake --config overrides (e.g. 'select=[attn_*]')")
+    parser.add_argument("--repeats", type=int,
+                        help="timing processes per run instead of the config's (more data "
+                             "for comparing the launchers' CI widths)")
+    parser.add_argument("--out", type=Path, help="write the result JSON here")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="combine one-sided result files instead of running")
+    parser.add_argument("--project", type=Path, metavar="CONFIG",
+                        help="project this config's wall time from --costs")
+    parser.add_argument("--costs", type=Path, help="a result JSON of this benchmark")
+    parser.add_argument("--measured", nargs="*", type=Path, default=[],
+                        help="results folders whose step times the projection uses")
+    parser.add_argument("snakemake_args", nargs="*", help="after --: more Snakemake arguments")
+    args = parser.parse_args(argv)
+
+    if args.project:
+        costs = Costs.from_result(json.loads(args.costs.read_text())) if args.costs else None
+        if costs is None:
+            parser.error("--project needs --costs (a result JSON of this benchmark)")
+        projection = project(args.project, costs, args.measured)
+        print(json.dumps(projection, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(projection, indent=2) + "\n")
+        return 0
+
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        sides = {n: s for part in parts for n, s in part["sides"].items()}
+        configfile = parts[0]["configfile"]
+    else:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        configfiles = [args.configfile]
+        if args.repeats:  # Snakemake merges a later config file into the earlier one
+            overlay = args.workdir.resolve() / "repeats.yaml"
+            overlay.write_text(json.dumps({"timing": {"repeats": args.repeats}}) + "\n")
+            configfiles.append(overlay)
+        sides = {}
+        for launcher in args.launchers.split(","):
+            sides[launcher] = run_side(configfiles, launcher, args.workdir.resolve(),
+                                       args.cores, args.all, args.config, args.snakemake_args)
+        configfile = str(args.configfile)
+    result = {"configfile": configfile, "sides": sides, "ratio": compare(sides)}
+    print_report(result)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

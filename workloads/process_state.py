@@ -1,0 +1,86 @@
+"""The ``process`` section of a result record: what this workload process started from.
+
+A timing repeat is one process, forked by the pipeline's fork server or started as a new
+interpreter (``launcher``); repeats must share no state that a measurement depends on. The
+section records, at the start of ``main`` (before any device work), what would carry over if
+they did: whether CUDA (context, caching allocator, cuBLAS/cuDNN handles and their autotune
+caches) already exists, what the allocator holds, how much Dynamo and Inductor have already
+compiled in memory, and draws from the RNGs a fresh interpreter seeds from the OS; then, after
+the build, a draw from torch's generator as the workload's own seeding left it.
+tests/test_forkserver.py compares these between repeats and launchers.
+
+Reading it changes nothing the workload uses: no CUDA call, no module import, draws only
+from RNGs the workloads never use (Python's ``random``, numpy's global generator) or from a
+copy of torch's generator state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+from typing import Any
+
+import torch
+
+LAUNCHER_ENV = "PROFBENCH_LAUNCHER"  # set to "fork" by pipeline/forkserver.py in its children
+
+
+def at_start() -> dict[str, Any]:
+    """This process and its state before the workload runs."""
+    numpy = sys.modules.get("numpy")
+    return {
+        "pid": os.getpid(),
+        "parent_pid": os.getppid(),
+        "launcher": os.environ.get(LAUNCHER_ENV, "process"),
+        # differs between interpreters unless PYTHONHASHSEED is set (a forked child keeps its
+        # server's): tells repeats from different interpreters apart
+        "str_hash": hash("profbench"),
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "cuda_memory": _cuda_memory(),
+        "inductor_code_cache_modules": _inductor_modules(),
+        "dynamo_frame_counts": _dynamo_frame_counts(),
+        "python_random_draw": random.random(),
+        "numpy_random_draw": None if numpy is None else float(numpy.random.random()),
+        "torch_initial_seed": torch.initial_seed(),
+        "torch_rng_digest": _digest(torch.default_generator.get_state()),
+    }
+
+
+def after_build() -> dict[str, Any]:
+    """A draw from a copy of torch's default generator, as the workload's seeding and build
+    left it (the same in every repeat of a run: each starts from its seed)."""
+    generator = torch.Generator()
+    generator.set_state(torch.default_generator.get_state())
+    return {"torch_draw_after_build": float(torch.rand(1, generator=generator))}
+
+
+def _cuda_memory() -> dict[str, int] | None:
+    """The caching allocator's bytes before the workload: read only if CUDA already exists
+    (reading it would otherwise create the context); None when it does not."""
+    if not torch.cuda.is_initialized():
+        return None
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
+
+
+def _inductor_modules() -> int:
+    """Modules in Inductor's in-memory code cache (0 when Inductor was never imported)."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is None:
+        return 0
+    cache = codecache.PyCodeCache
+    return len(getattr(cache, "modules", [])) + len(getattr(cache, "modules_no_attr", {}))
+
+
+def _dynamo_frame_counts() -> int:
+    """Dynamo's frame counters (frames seen, compiled) in this process: 0 when it has compiled
+    nothing (or was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    return sum(utils.counters["frames"].values())
+
+
+def _digest(state: torch.Tensor) -> str:
+    return hashlib.sha256(bytes(state.tolist())).hexdigest()[:16]
