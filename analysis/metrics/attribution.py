@@ -63,7 +63,7 @@ class Attribution:
     op_invocation: np.ndarray  # per op: invocation number, -1
     op_status: np.ndarray  # per op: UNMATCHED / ANCHOR / EXTERN / ORDERED / GLUE
     n_layers: int | None  # expected (from the run's size), None when unknown
-    layers_found: dict[int, int] = field(default_factory=dict)  # graph -> layers counted
+    layers_found: dict[int, int] = field(default_factory=dict)  # graph position -> layers
     layers_ok: bool = False
 
     def place(self, op: int) -> Place | None:
@@ -167,19 +167,19 @@ def places_of(graphs: list[CompiledGraph], n_layers: int | None
               ) -> tuple[list[list[Place]], dict[int, int], bool]:
     """Places of every call site; layers are kept only when every graph with layers shows
     ``n_layers`` of them (or, without ``n_layers``, when they all show the same number)."""
-    found: dict[int, int] = {}
+    found: dict[int, int] = {}  # graph position -> layers counted
     parts = []
-    for g in graphs:
+    for i, g in enumerate(graphs):
         paths, counted = graph_places(g)
         seen = [c for c in counted if c is not None]
         if seen:
-            found[g.index] = max(seen) + 1
+            found[i] = max(seen) + 1
         parts.append((g, paths, counted))
     counts = set(found.values())
     ok = bool(found) and (counts == {n_layers} if n_layers is not None else len(counts) == 1)
     places = []
-    for g, paths, counted in parts:
-        n = found.get(g.index, 0)
+    for i, (g, paths, counted) in enumerate(parts):
+        n = found.get(i, 0)
         row = []
         for path, c in zip(paths, counted, strict=True):
             layer = None

@@ -432,6 +432,7 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
     launched = gpu_ops(ex, ctx)
     phases = op_phases(ex, launched, run.graph_phases)
     graphs = read_torch_trace(run.torch_trace) if run.torch_trace is not None else []
+    graphs = [g for g in graphs if g.sites]  # code without provenance handles: no call sites
     attribution = attribute(launched, phases.phase, graphs, run.n_layers) if graphs else None
     out.phase_rows = phase_table(ex, launched, phases, attribution)
     category = op_categories(launched, phases, attribution)

@@ -10,8 +10,9 @@ memsets launched in ``forward_pass`` or ``backward_pass``):
 * ``layer_share_fwd_bwd``: share in the ``layer_<i>`` rows of phase_gpu_time.csv (any
   basis; eager layer ranges see only the forward launches);
 * ``kernel_map``: ``ok`` (every Triton kernel matched a call site), ``partial``, ``no kernel
-  map`` (Triton kernels but no compiled graph in the TORCH_TRACE: e.g. an Inductor cache hit
-  that logged nothing), or null (no compiled code);
+  map`` (Triton kernels but no compiled graph with provenance in the TORCH_TRACE: e.g. an
+  Inductor cache entry made without provenance tracking), ``unused`` (graphs read, none of
+  their kernels in the capture: e.g. CPU code), or null (no compiled code);
 * ``placed_share_fwd_bwd`` (ops with a place in the model), ``compiled_share_fwd_bwd``
   (ops matched to a call site, placed or not), ``glue_share_fwd_bwd`` (eager code between
   compiled graphs), ``ordered_share_fwd_bwd`` (given to externs in order),
@@ -128,8 +129,9 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
     has_place = site_has_place[site]
     n_triton = int(is_triton.sum())
     matched_triton = int((is_triton & (status == ANCHOR)).sum())
+    state = "ok" if matched_triton == n_triton else "partial"
     out.update({
-        "kernel_map": "ok" if matched_triton == n_triton else "partial",
+        "kernel_map": state if matched.any() or n_triton else "unused",
         "kernel_map_graphs": len(attribution.graphs),
         "kernel_map_layers": max(attribution.layers_found.values())
         if attribution.layers_ok else None,
