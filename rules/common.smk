@@ -47,7 +47,7 @@ CALIBRATION_INPUT = f"{RESULTS}/calibration.json" if config["calibrate"] else []
 # phases.py). The figures read these per-run extras too (kernel categories, idle gaps by cause,
 # duration histogram); they are declared so that a missing one reruns run_stats.
 STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time", "kernel_categories", "idle_time",
-              "kernel_durations"]
+              "kernel_durations", "kernel_map"]
 
 
 def results_folder(wildcards, input):
@@ -63,6 +63,12 @@ def plan_record():
 def workload_args(run):
     """The `python -m workloads` command line of one run (its params drive reruns)."""
     return PLAN.workload_args(run)
+
+
+def torch_trace_env(wildcards, output):
+    """TORCH_TRACE for the capture of a compiled run: Inductor's generated code and kernel
+    provenance, which the analysis maps compiled kernels to the model with."""
+    return f"TORCH_TRACE={output.trace}" if PLAN.compiled(wildcards.run) else ""
 
 
 # --- the container image (built by rules/container.smk) ---------------------------------------
