@@ -18,6 +18,7 @@ from compiled_fixtures import COMPILED, compiled_run, query, sql_ops, sql_phase_
 from analysis.metrics.attribution import ANCHOR, EXTERN, GLUE, ORDERED, UNMATCHED
 from analysis.metrics.kernelmap import attribution_metrics
 from analysis.metrics.phases import PHASES, phase_table
+from analysis.reading.sourceregions import model_layers
 
 REPO = Path(__file__).resolve().parents[1]
 # Eager PyTorch launches through the CUDA runtime; Inductor's Triton kernels, cuBLASLt and
@@ -78,12 +79,13 @@ def test_externs_get_kernels_of_their_kind(run) -> None:
         if "attention" in kernel:
             assert re.search(r"cudnn|sdpa|dot_do_o|convert_dq", name), (kernel, name)
         else:
-            assert kernel == "extern_kernels.mm" and name.startswith("nvjet"), (kernel, name)
+            assert kernel == "extern_kernels.mm", kernel
+            assert re.search(r"nvjet|gemm|xmma|cutlass", name, re.I), (kernel, name)
 
 
 def test_layers_are_counted_and_numbered(run) -> None:
     a = run.attribution
-    assert run.n_layers == 12
+    assert run.n_layers == model_layers(run.record["params"]["size"]) > 0
     assert a.layers_ok and set(a.layers_found.values()) == {run.n_layers}
     for graph, places in zip(run.graphs, a.places, strict=True):
         sdpa = [p for s, p in zip(graph.sites, places, strict=True) if "attention" in s.kernel]
@@ -122,7 +124,7 @@ def test_layers_and_sublayers_cover_forward_and_backward(run) -> None:
     assert all(r["Phases"] == "forward_pass+backward_pass" for r in layers)
     layer_ns = [int(r["GPU Time (ns)"]) for r in layers]
     assert sum(layer_ns) >= 0.9 * fwd_bwd
-    assert max(layer_ns) <= 1.2 * min(layer_ns)  # the same block, twelve times
+    assert max(layer_ns) <= 1.2 * min(layer_ns)  # the same block, n_layers times
     sublayers = rows["attention_sublayer"]["GPU Time (ns)"] + rows["ffn_sublayer"]["GPU Time (ns)"]
     assert sublayers == sum(layer_ns)  # every layer op sits in one of the two sublayers
     steps = _steps(run.sqlite)

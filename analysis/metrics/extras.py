@@ -159,7 +159,8 @@ def op_categories(ops: GpuOps, phases: OpPhases, attribution: Attribution | None
         site[placed] = offsets[attribution.op_graph[placed]] + attribution.op_site[placed]
         sites = [s.aten_ops for g in attribution.graphs for s in g.sites]
     kernel = ops.kind == KERNEL
-    codes, first = dense_codes(ops.name_code, phases.phase + 1, site + 1, kernel.astype(np.int64))
+    # one categorisation per (name, phase, call site): memcpy/memset have names of their own
+    codes, first = dense_codes(ops.name_code, phases.phase + 1, site + 1)
     category = np.empty(first.size, np.int64)
     memop = CATEGORIES.index(MEMOP_CATEGORY)
     for c, i in enumerate(first.tolist()):
