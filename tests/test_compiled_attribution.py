@@ -280,3 +280,23 @@ def test_phase_figure_shows_compiled_sublayers(tmp_path: Path) -> None:
 
 
 COMPILED_TRACE = Path(__file__).parent / "fixtures" / "h100" / "compiled_small_default_torch_trace"
+
+
+def test_kernels_of_a_graph_missing_from_the_trace_stay_unmatched(run) -> None:
+    """Without the loss's forward graph its two Triton kernels match nothing: they are
+    reported as unmatched (kernel_map partial), not as glue, and the rest still maps."""
+    from analysis.metrics.attribution import attribute
+
+    missing = next(g for g in run.graphs if g.function == "loss" and g.kind == "forward")
+    graphs = [g for g in run.graphs if g is not missing]
+    a = attribute(run.ops, run.phases.phase, graphs, run.n_layers)
+    lost = np.isin(np.array(run.ops.names)[run.ops.name_code], missing.triton_names)
+    steps = _steps(run.sqlite)
+    assert int(lost.sum()) == len(missing.triton_names) * steps
+    assert (a.op_status[lost] == UNMATCHED).all()
+    assert int((a.op_status == ANCHOR).sum()) == int((run.attribution.op_status == ANCHOR).sum()
+                                                     ) - int(lost.sum())
+    rows = phase_table(run.export, run.ops, run.phases, a)
+    metrics = attribution_metrics(run.ops, run.phases, a, rows)
+    assert metrics["kernel_map"] == "partial" and metrics["triton_matched_share"] < 1
+    assert a.layers_ok

@@ -285,6 +285,7 @@ class _Aligner:
                  invocation_base: int) -> None:
         self.ops, self.order, self.graphs, self.places, self.out = ops, order, graphs, places, out
         self.names = [ops.names[c] for c in ops.name_code[order].tolist()]
+        self.triton = [n.startswith(TRITON_PREFIX) for n in self.names]
         self.kinds = ops.kind[order].tolist()
         self.tid = ops.tid[order]
         graph_corr = np.where(ops.graph_launch[order], ops.corr[order], -1)
@@ -294,6 +295,8 @@ class _Aligner:
 
     def run(self) -> int:
         invocations = self.segment()
+        if not invocations:  # no compiled graph ran in this process: nothing to tell
+            return 0
         for number, inv in enumerate(invocations):
             for pos, site in inv.anchors:
                 self.mark(pos, inv.graph, site, number, ANCHOR)
@@ -307,7 +310,7 @@ class _Aligner:
 
     def segment(self) -> list[_Invocation]:
         """Runs of Triton kernels that replay a graph's Triton call sites, name for name."""
-        tpos = [i for i, n in enumerate(self.names) if n.startswith(TRITON_PREFIX)]
+        tpos = [i for i, t in enumerate(self.triton) if t]
         tnames = [self.names[i] for i in tpos]
         by_first: dict[str, list[int]] = {}
         for g in sorted(range(len(self.graphs)), key=lambda g: -len(self.graphs[g].sites)):
@@ -346,8 +349,9 @@ class _Aligner:
         g = self.graphs[inv.graph]
         externs = [s.index for s in g.sites[s0 + 1:s1]]
         thread = self.tid[p0]
-        mine = [p for p in range(p0 + 1, p1) if self.tid[p] == thread]
-        self.glue([p for p in range(p0 + 1, p1) if self.tid[p] != thread])
+        between = [p for p in range(p0 + 1, p1) if not self.triton[p]]
+        mine = [p for p in between if self.tid[p] == thread]
+        self.glue([p for p in between if self.tid[p] != thread])
         self.assign(mine, [(inv.graph, number, s) for s in externs])
 
     def boundary(self, prev: _Invocation | None, prev_number: int, nxt: _Invocation | None,
@@ -356,7 +360,8 @@ class _Aligner:
         eager code in between."""
         start = prev.anchors[-1][0] + 1 if prev else 0
         stop = nxt.anchors[0][0] if nxt else len(self.names)
-        region = list(range(start, stop))
+        # a Triton kernel here matched no graph: it stays unmatched, never glue
+        region = [p for p in range(start, stop) if not self.triton[p]]
         if not region:
             return
         trailing = leading = []
