@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.metrics.extras import write_extras
+from analysis.metrics.extras import RunInputs, write_extras
 from analysis.outputs.compare import compare, format_table
 from analysis.reading import Export, ExportError
 from analysis.reports import REPORTS
@@ -48,6 +48,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 choices=REPORTS,
                 metavar="REPORT",
                 help=f"only this report (repeatable); default: all seven ({', '.join(REPORTS)})",
+            )
+        if name != "stats":
+            sp.add_argument(
+                "--record", type=Path, default=None,
+                help="the run's result record (times.json): model size, and graph_phases of "
+                "a whole-step CUDA graph (docs/analysis.md)",
+            )
+            sp.add_argument(
+                "--torch-trace", type=Path, default=None, metavar="DIR",
+                help="TORCH_TRACE folder of the capture: maps compiled kernels to their ATen "
+                "ops and model code (writes kernel_map.csv)",
             )
         sp.add_argument("--timings", action="store_true", help="print per-step seconds")
         sp.add_argument(
@@ -102,7 +113,7 @@ def run_one_export(args: argparse.Namespace) -> int:
                 timings[name] = time.perf_counter() - t
         if args.command in ("extras", "all"):
             t = time.perf_counter()
-            write_extras(ex, args.output, ctx)
+            write_extras(ex, args.output, ctx, RunInputs.load(args.record, args.torch_trace))
             timings["extras"] = time.perf_counter() - t
     if args.timings:
         for name, secs in timings.items():

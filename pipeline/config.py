@@ -357,6 +357,10 @@ class Plan:
     def workload_args(self, run: str) -> str:
         return workload_args(self.runs[run])
 
+    def compiled(self, run: str) -> bool:
+        """Whether the run uses torch.compile (its capture then records a TORCH_TRACE)."""
+        return str(self.runs[run].get("compile", "off")) != "off"
+
     def record(self) -> dict[str, Any]:
         """plan.json: runs, ladders, comparisons and the settings the outputs depend on."""
         return {

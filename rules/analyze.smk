@@ -8,11 +8,14 @@ REPORTED_RUN_TABLES = ["cuda_gpu_kern_sum", "nvtx_gpu_proj_sum", "phase_gpu_time
 
 rule run_stats:
     """The 7 nsys stats reports (same values as `nsys stats`) plus extras, for one run; a run
-    that failed gets empty reports and a metrics.json with its status."""
+    that failed gets empty reports and a metrics.json with its status. The run record gives
+    the model size and a whole-step CUDA graph's node counts per phase; a compiled run's
+    TORCH_TRACE maps its kernels to their source ops and model code (kernel_map.csv)."""
     input:
         image=IMAGE_INPUT,
         sqlite=f"{RESULTS}/{{run}}/profile.sqlite",
         times=f"{RESULTS}/{{run}}/times.json",
+        trace=f"{RESULTS}/{{run}}/torch_trace",
     output:
         # per-run tables the report shows (sortable), the CSVs stay the source
         csvs=[
@@ -41,7 +44,8 @@ rule run_stats:
         RULE_CONTAINER
     shell:
         "if {params.python} -m pipeline.outcome ok {input.times}; then"
-        " {params.python} -m analysis all {input.sqlite} -o {params.outdir} > {log} 2>&1;"
+        " {params.python} -m analysis all {input.sqlite} -o {params.outdir}"
+        " --record {input.times} --torch-trace {input.trace} > {log} 2>&1;"
         " else {params.python} -m pipeline.outcome failed-stats {input.times} {params.outdir}"
         " {params.reports} > {log} 2>&1; fi"
 

@@ -49,7 +49,7 @@ CALIBRATION_INPUT = f"{RESULTS}/calibration.json" if config["calibrate"] else []
 # phases.py). The figures read these per-run extras too (kernel categories, idle gaps by cause,
 # duration histogram); they are declared so that a missing one reruns run_stats.
 STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time", "kernel_categories", "idle_time",
-              "kernel_durations"]
+              "kernel_durations", "kernel_map"]
 
 
 # Resume anywhere (docs/reliability.md): nsys captures are temp() outputs, so a results folder
@@ -92,6 +92,12 @@ def workload_args(run):
 def op_capture_args(run):
     """The op capture's command line: the run's, with PyTorch's op ranges (--op_ranges)."""
     return PLAN.op_capture_args(run)
+
+
+def torch_trace_env(wildcards, output):
+    """TORCH_TRACE for the capture of a compiled run: Inductor's generated code and kernel
+    provenance, which the analysis maps compiled kernels to the model with."""
+    return f"TORCH_TRACE={output.trace}" if PLAN.compiled(wildcards.run) else ""
 
 
 # --- the container image (built by rules/container.smk) ---------------------------------------

@@ -112,6 +112,10 @@ rule profile:
         sqlite=capture_output(f"{RESULTS}/{{run}}/profile.sqlite"),
         rep=capture_output(f"{RESULTS}/{{run}}/profile.nsys-rep"),
         times=f"{RESULTS}/{{run}}/times.json",
+        # compiled runs: the TORCH_TRACE of the capture (empty otherwise); Snakemake removes
+        # it before the job, so a rerun never keeps an older process's log. Part of the
+        # capture: temp() like it (keep_captures)
+        trace=capture_output(directory(f"{RESULTS}/{{run}}/torch_trace")),
     log:
         f"{LOGS}/profile/{{run}}.log",
     benchmark:
@@ -126,6 +130,7 @@ rule profile:
         extra=config["nsys"]["extra_args"],
         stats="true" if config["nsys"]["console_stats"] else "false",
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
+        torch_trace=torch_trace_env,
     resources:
         gpu=1,
         mem_mb=gpu_job_mem_mb,
@@ -140,10 +145,11 @@ rule profile:
         # nsys' own summary into the log, next to our CSVs (off by default: it costs a second
         # pass over big captures, and our reports match it value for value). A failed run
         # leaves empty capture files: its times.json status says why, and run_stats never
-        # reads them.
-        "{params.guard} --run {wildcards.run} --out {output.times}"
+        # reads them. A compiled run's process writes its TORCH_TRACE (params.torch_trace).
+        "mkdir -p {output.trace};"
+        " {params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
-        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.nsys} profile"
+        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.torch_trace} {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
         " {params.capture}"
         " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"
@@ -164,6 +170,7 @@ use rule profile as profile_ops with:
         sqlite=capture_output(f"{RESULTS}/{{run}}/ops.sqlite"),
         rep=capture_output(f"{RESULTS}/{{run}}/ops.nsys-rep"),
         times=f"{RESULTS}/{{run}}/ops_times.json",
+        trace=capture_output(directory(f"{RESULTS}/{{run}}/ops_torch_trace")),
     log:
         f"{LOGS}/profile_ops/{{run}}.log",
     benchmark:

@@ -36,6 +36,7 @@ save_results() {
   for try in 1 2 3 4 5; do
     before=$(incomplete)
     tar czf $OUT/results-tmp.tgz --exclude='*.nsys-rep' --exclude='*.sqlite' \
+      --exclude='torch_trace' --exclude='ops_torch_trace' \
       --exclude-from=<(echo "$before") "$results" .snakemake/log 2>/dev/null || return
     # a job that started meanwhile may be in the archive half-written: then try again
     if [ -z "$(comm -13 <(echo "$before") <(incomplete))" ]; then

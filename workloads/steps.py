@@ -245,10 +245,31 @@ def build_gpt(
 
 
 def compile_callable(fn: Any, mode: str) -> Any:
-    """``fn`` compiled with torch.compile in ``mode`` (``off``: unchanged)."""
+    """``fn`` compiled with torch.compile in ``mode`` (``off``: unchanged).
+
+    Every builder calls this before the first step, so provenance tracking is on for all
+    of the process's compilations, the optimizer's (compiled at its first step) included.
+    """
     if mode == "off":
         return fn
+    track_provenance()
     return torch.compile(fn, mode=None if mode == "default" else mode)
+
+
+def track_provenance() -> None:
+    """Make Inductor record, for every kernel it generates, the ATen ops and source lines it
+    came from: ``# [Provenance debug handles]`` comments in the generated code and, under
+    TORCH_TRACE, the kernel stack traces the analysis maps compiled kernels back to the
+    model with (docs/analysis.md). It only adds comments and metadata. Set in every
+    process of a compiled run (timing and capture alike) so that they all make and reuse
+    the same Inductor cache entries: the capture then loads the timing processes' code."""
+    import torch._inductor.config as inductor_config
+
+    trace = inductor_config.trace
+    if hasattr(trace, "provenance_tracking_level"):
+        trace.provenance_tracking_level = 1
+    elif hasattr(trace, "provenance_tracking"):  # torch releases before the level setting
+        trace.provenance_tracking = True
 
 
 def _make_step(

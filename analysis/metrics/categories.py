@@ -1,9 +1,13 @@
-"""Kernel categories and tensor-core detection from kernel names.
+"""Kernel categories and tensor-core detection.
 
-Both are name heuristics (the export has no instruction mix).  Rules are ordered regular
-expressions over the demangled kernel name; the first match wins.  They were written
-against real H100 (sm_90) kernel names from PyTorch, cuBLAS/cuBLASLt (``sm90_xmma``,
-``nvjet``), CUTLASS, cuDNN, FlashAttention and NCCL; see docs/analysis.md.
+Library and eager PyTorch kernels are categorised by name (the export has no instruction
+mix): ordered regular expressions over the demangled name, the first match wins, written
+against real H100 (sm_90) names from PyTorch, cuBLAS/cuBLASLt (``sm90_xmma``, ``nvjet``),
+CUTLASS, cuDNN, FlashAttention and NCCL.  A Triton kernel of Inductor is categorised by the
+ATen ops fused into it: from the kernel map's ``Original ATen`` list when the run has one,
+else from its name, ``triton_{poi,red,per,tem,for}_fused_<ops>_<n>``.  Per launched op
+(:func:`categorize_op`), the phase counts too: every non-GEMM kernel launched in
+``optimizer_step`` is Optimizer.  See docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ _CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("Communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|sendrecv|alltoall"),
     (
         "Attention",
-        r"flash|fmha|attention|attn|mha_|_mha|sdpa|cudnn_generated_fort_native_sdpa",
+        # dot_do_o / convert_dq: the helper kernels of cuDNN's SDPA backward
+        r"flash|fmha|attention|attn|mha_|_mha|sdpa|cudnn_generated_fort_native_sdpa|"
+        r"dot_do_o|convert_dq_to",
     ),
     ("Softmax", r"softmax"),
     (
@@ -71,6 +77,118 @@ def categorize(name: str | None) -> str:
         if rx.search(name):
             return category
     return "Other"
+
+
+# -- Inductor's Triton kernels: by the ATen ops fused into them --------------------------------
+TRITON_NAME = re.compile(r"^triton_(poi|red|per|tem|for|mix|spl)_(?:fused_)?(.*?)(?:_\d+)?$")
+OPTIMIZER_PHASE = "optimizer_step"
+# Ops that only move, cast or lay out data (incl. the embedding gather/scatter, which the
+# name rules file under CopyMemset as well): a kernel fusing nothing else is CopyMemset.
+COPY_OPS = frozenset((
+    "_to_copy", "copy", "copy_", "clone", "contiguous", "view", "_unsafe_view", "reshape",
+    "permute", "transpose", "t", "expand", "expand_as", "slice", "slice_scatter",
+    "slice_backward", "select", "select_scatter", "select_backward", "narrow", "cat", "stack",
+    "unsqueeze", "squeeze", "as_strided", "as_strided_scatter", "convert_element_type",
+    "alias", "split", "split_with_sizes", "unbind", "detach", "lift_fresh", "flip", "roll",
+    "repeat", "constant_pad_nd", "pad", "embedding", "embedding_dense_backward", "index",
+    "_unsafe_index", "index_select", "gather", "scatter", "scatter_add", "index_put",
+    "_unsafe_index_put", "index_add", "full", "full_like", "zeros", "zeros_like", "ones",
+    "ones_like", "empty", "empty_like", "new_zeros", "new_ones", "new_empty", "new_full",
+    "fill", "fill_", "zero", "zero_", "scalar_tensor", "device_put", "diagonal", "unfold",
+    "iota", "arange",
+))
+_GEMM_OPS = frozenset(("mm", "bmm", "addmm", "baddbmm", "addmv", "_scaled_mm", "_int_mm",
+                       "convolution", "convolution_backward", "matmul", "dot"))
+_REDUCTION_OPS = frozenset(("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin",
+                            "prod", "var", "std", "any", "all", "cumsum", "cumprod",
+                            "logsumexp", "norm", "linalg_vector_norm", "nll_loss_forward"))
+_NORM_NAMES = re.compile(r"layer_norm|rms_norm|batch_norm|group_norm|instance_norm|var_mean")
+
+
+def triton_ops(name: str, aten_ops: tuple[str, ...] | list[str] | None = None
+               ) -> tuple[str, frozenset[str]] | None:
+    """(Triton kernel kind, ops fused into it) of an Inductor kernel name, else None.
+
+    ``aten_ops`` (``aten.mm``, ``prims.convert_element_type``, ...) come from the kernel map;
+    without them the ops are read from the name.  A name lists at most 10 ops, joined by
+    ``_`` (op names contain ``_`` too), so there every ``_``-separated word counts as an op
+    and :func:`_copy_only_name` decides copy-only by segmenting the name.
+    """
+    m = TRITON_NAME.match(name)
+    if m is None:
+        return None
+    if aten_ops:
+        return m.group(1), frozenset(op.split(".")[1] if "." in op else op for op in aten_ops)
+    copies = _split_into(m.group(2), COPY_OPS)
+    words = frozenset(w for w in m.group(2).split("_") if w)
+    return m.group(1), frozenset(copies) if copies is not None else words
+
+
+def _split_into(fused: str, vocabulary: frozenset[str]) -> list[str] | None:
+    """``fused`` (e.g. ``_unsafe_view_clone_transpose_view``) as ``_``-joined words of
+    ``vocabulary``, or None when it is not made of them only."""
+    n = len(fused)
+    prev: dict[int, tuple[int, str]] = {0: (-1, "")}  # reachable start -> how
+    for i in range(n + 1):
+        if i not in prev:
+            continue
+        for op in vocabulary:
+            j = i + len(op)
+            if fused.startswith(op, i) and (j == n or fused[j] == "_"):
+                nxt = j if j == n else j + 1
+                prev.setdefault(nxt, (i, op))
+    if not fused or n not in prev:
+        return None
+    ops, at = [], n
+    while at > 0:
+        at, op = prev[at]
+        ops.append(op)
+    return ops[::-1]
+
+
+def categorize_ops(kind: str, ops: frozenset[str], name: str = "") -> str:
+    """Category of a kernel from the ops fused into it (see the module docstring)."""
+    if kind == "tem":
+        return "Attention" if "attention" in name else "GEMM"
+    if any("attention" in op or "sdpa" in op for op in ops):
+        return "Attention"
+    if ops & _GEMM_OPS:
+        return "GEMM"
+    if any("softmax" in op for op in ops):
+        return "Softmax"
+    if (
+        ("rsqrt" in ops and ops & {"mean", "sum", "var", "var_mean"})
+        or any(_NORM_NAMES.search(op) for op in ops)
+        # RMSNorm backward: the gradient through x * rsqrt(mean(x^2)) (pow, sum, div, mul)
+        or {"pow", "sum", "div", "mul"} <= ops
+    ):
+        return "Normalization"
+    if ops and ops <= COPY_OPS:
+        return "CopyMemset"
+    if kind in ("red", "per") or ops & _REDUCTION_OPS:
+        return "Reduction"
+    return "Elementwise"
+
+
+def categorize_op(name: str | None, phase: str | None = None,
+                  aten_ops: tuple[str, ...] | list[str] | None = None) -> str:
+    """Category of one launched kernel: Triton kernels by their ops, others by name (an
+    extern library kernel the name rules miss by its call site's ATen ops); any non-GEMM,
+    non-communication kernel launched in ``optimizer_step`` is Optimizer, and a foreach
+    (multi-tensor) kernel launched in another phase is not (e.g. CUDA-graph input copies)."""
+    triton = triton_ops(name or "", aten_ops)
+    if triton is not None:
+        category = categorize_ops(*triton, name=name or "")
+    else:
+        category = categorize(name)
+        if category == "Other" and aten_ops:
+            ops = frozenset(op.split(".")[1] if "." in op else op for op in aten_ops)
+            category = categorize_ops("", ops)
+    if phase == OPTIMIZER_PHASE and category not in ("GEMM", "Communication"):
+        return "Optimizer"
+    if phase is not None and phase != OPTIMIZER_PHASE and category == "Optimizer":
+        return "Elementwise"
+    return category
 
 
 # Tensor cores.  Negative rules first: FP32 SIMT/FFMA GEMMs (e.g. cuBLAS

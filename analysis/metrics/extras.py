@@ -15,16 +15,28 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize, tensor_core_rule
+from analysis.metrics.attribution import Attribution, attribute
+from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize_op, tensor_core_rule
 from analysis.metrics.durations import durations_table
+from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.idle import idle_table
+from analysis.metrics.kernelmap import attribution_metrics, kernel_map_table
 from analysis.metrics.occupancy import GpuLimits, occupancy
-from analysis.metrics.phases import write_phase_table
+from analysis.metrics.phases import (
+    OpPhases,
+    op_phases,
+    phase_summary,
+    phase_table,
+    write_phase_rows,
+)
 from analysis.reading.codes import dense_codes
 from analysis.reading.export import Export
+from analysis.reading.sourceregions import model_layers
+from analysis.reading.torchtrace import read_torch_trace
 from analysis.reports import fmt
 from analysis.reports.fmt import Table
 from analysis.reports.groupstats import group_stats
@@ -32,6 +44,7 @@ from analysis.reports.nsys_stats import Context
 
 EXTRA_CSVS: tuple[str, ...] = (
     "kernel_categories.csv",
+    "kernel_map.csv",
     "nvtx_categories.csv",
     "tensor_core.csv",
     "kernel_occupancy.csv",
@@ -46,6 +59,43 @@ EXTRA_CSVS: tuple[str, ...] = (
 class Extras:
     tables: dict[str, Table] = field(default_factory=dict)
     metrics: dict[str, object] = field(default_factory=dict)
+    phase_rows: list[dict[str, object]] = field(default_factory=list)
+
+
+@dataclass
+class RunInputs:
+    """What a run adds to its export: its record (times.json: size, ``graph_phases`` of a
+    whole-step CUDA graph) and the TORCH_TRACE folder of its capture (compiled runs)."""
+
+    record: dict[str, Any] = field(default_factory=dict)
+    torch_trace: Path | None = None
+
+    @classmethod
+    def load(cls, record: str | os.PathLike[str] | None = None,
+             torch_trace: str | os.PathLike[str] | None = None) -> RunInputs:
+        data: dict[str, Any] = {}
+        if record is not None:
+            try:
+                loaded = json.loads(Path(record).read_text())
+                data = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                data = {}
+        return cls(data, Path(torch_trace) if torch_trace is not None else None)
+
+    @property
+    def graph_phases(self) -> list[dict] | None:
+        value = self.record.get("graph_phases")
+        return value if isinstance(value, list) else None
+
+    @property
+    def n_layers(self) -> int | None:
+        """The model's layer count: the record's, else from its GPT size."""
+        params = self.record.get("params") or {}
+        value = self.record.get("n_layers") or params.get("n_layers")
+        if isinstance(value, int):
+            return value
+        size = params.get("size")
+        return model_layers(str(size)) if size is not None else None
 
 
 def _median(values: np.ndarray) -> float | None:
@@ -81,12 +131,9 @@ class _GpuOps:
     is_kernel: np.ndarray
 
 
-def _gpu_ops(ex: Export, ctx: Context) -> _GpuOps:
+def _gpu_ops(ex: Export, category: np.ndarray) -> _GpuOps:
     k = ex.kernels(launch_config=True)
     mc, ms = ex.memcpy(), ex.memset()
-    codes, names = ctx.kernel_names()
-    cat_of_name = np.array([CATEGORIES.index(categorize(n)) for n in names], np.int64)
-    kcat = cat_of_name[codes] if codes.size else np.empty(0, np.int64)
     nmem = mc["start"].size + ms["start"].size
     return _GpuOps(
         start=np.concatenate([k["start"], mc["start"], ms["start"]]),
@@ -94,9 +141,35 @@ def _gpu_ops(ex: Export, ctx: Context) -> _GpuOps:
         device=np.concatenate([k["deviceId"], mc["deviceId"], ms["deviceId"]]),
         corr=np.concatenate([k["correlationId"], mc["correlationId"], ms["correlationId"]]),
         gpid=np.concatenate([k["globalPid"], mc["globalPid"], ms["globalPid"]]),
-        category=np.concatenate([kcat, np.full(nmem, CATEGORIES.index(MEMOP_CATEGORY))]),
+        category=category,
         is_kernel=np.r_[np.ones(k["start"].size, bool), np.zeros(nmem, bool)],
     )
+
+
+def op_categories(ops: GpuOps, phases: OpPhases, attribution: Attribution | None) -> np.ndarray:
+    """Category (index into CATEGORIES) of every op: kernels by :func:`categorize_op` (name,
+    launch phase, the ATen ops of their compiled call site); memcpy/memset: CopyMemset."""
+    if ops.size == 0:
+        return np.empty(0, np.int64)
+    site = np.full(ops.size, -1, np.int64)
+    sites: list[tuple[str, ...]] = []
+    if attribution is not None:
+        offsets = np.cumsum([0] + [len(g.sites) for g in attribution.graphs])
+        placed = attribution.op_graph >= 0
+        site[placed] = offsets[attribution.op_graph[placed]] + attribution.op_site[placed]
+        sites = [s.aten_ops for g in attribution.graphs for s in g.sites]
+    kernel = ops.kind == KERNEL
+    # one categorisation per (name, phase, call site): memcpy/memset have names of their own
+    codes, first = dense_codes(ops.name_code, phases.phase + 1, site + 1)
+    category = np.empty(first.size, np.int64)
+    memop = CATEGORIES.index(MEMOP_CATEGORY)
+    for c, i in enumerate(first.tolist()):
+        if not kernel[i]:
+            category[c] = memop
+            continue
+        aten = sites[site[i]] if site[i] >= 0 else None
+        category[c] = CATEGORIES.index(categorize_op(ops.name(i), phases.name(i), aten))
+    return category[codes]
 
 
 def _gpu_limits(ex: Export) -> dict[int, GpuLimits]:
@@ -163,8 +236,10 @@ def nvtx_category_table(ctx: Context, ops: _GpuOps) -> Table:
     return Table(header, rows)
 
 
-def tensor_core_table(ex: Export, ctx: Context) -> tuple[Table, float | None]:
-    """Per kernel name: category, tensor-core rule, time; plus the TC share of kernel time."""
+def tensor_core_table(ex: Export, ctx: Context, category: np.ndarray
+                      ) -> tuple[Table, float | None]:
+    """Per kernel name: category (the one most of its time has), tensor-core rule, time;
+    plus the TC share of kernel time."""
     header = ["Name", "Category", "Tensor Cores", "Rule", "Total Time (ns)", "Instances"]
     k = ex.kernels()
     if k["start"].size == 0:
@@ -173,12 +248,15 @@ def tensor_core_table(ex: Export, ctx: Context) -> tuple[Table, float | None]:
     dur = k["end"] - k["start"]
     time = np.bincount(codes, dur, len(names)).astype(np.int64)
     count = np.bincount(codes, minlength=len(names))
+    ncat = len(CATEGORIES)
+    by_cat = np.bincount(codes * ncat + category[: codes.size], dur + 1, len(names) * ncat)
+    main_category = by_cat.reshape(len(names), ncat).argmax(axis=1)
     rules = [tensor_core_rule(n) for n in names]
     order = sorted(range(len(names)), key=lambda i: (-int(time[i]), names[i] or ""))
     rows = [
         [
             names[i] or "",
-            categorize(names[i]),
+            CATEGORIES[int(main_category[i])],
             "yes" if rules[i] else "no",
             rules[i] or "",
             str(time[i]),
@@ -346,15 +424,25 @@ def launch_table(ex: Export, ctx: Context) -> tuple[Table, float | None]:
 
 
 # -- public API --------------------------------------------------------------------------
-def compute_extras(ex: Export, ctx: Context | None = None) -> Extras:
-    """All extra tables and the metrics dict for one export."""
+def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None = None
+                   ) -> Extras:
+    """All extra tables, the phase table and the metrics dict for one export."""
     ctx = ctx or Context(ex)
+    run = run or RunInputs()
     out = Extras()
-    ops = _gpu_ops(ex, ctx)
+    launched = gpu_ops(ex, ctx)
+    phases = op_phases(ex, launched, run.graph_phases)
+    graphs = read_torch_trace(run.torch_trace) if run.torch_trace is not None else []
+    graphs = [g for g in graphs if g.sites]  # code without provenance handles: no call sites
+    attribution = attribute(launched, phases.phase, graphs, run.n_layers) if graphs else None
+    out.phase_rows = phase_table(ex, launched, phases, attribution)
+    category = op_categories(launched, phases, attribution)
+    ops = _gpu_ops(ex, category)
     cat_table, cat_values = category_table(ops)
     out.tables["kernel_categories.csv"] = cat_table
+    out.tables["kernel_map.csv"] = kernel_map_table(launched, attribution, category)
     out.tables["nvtx_categories.csv"] = nvtx_category_table(ctx, ops)
-    tc_table, tc_share = tensor_core_table(ex, ctx)
+    tc_table, tc_share = tensor_core_table(ex, ctx, category)
     out.tables["tensor_core.csv"] = tc_table
     occ_table, sm_eff, theo, gpu = occupancy_table(ex, ctx)
     out.tables["kernel_occupancy.csv"] = occ_table
@@ -383,11 +471,14 @@ def compute_extras(ex: Export, ctx: Context | None = None) -> Extras:
     }
     for cat in CATEGORIES:
         metrics[f"category_time_ns.{cat}"] = cat_values[cat]
+    metrics.update(phase_summary(out.phase_rows))
+    metrics.update(attribution_metrics(launched, phases, attribution, out.phase_rows))
     out.metrics = metrics
     return out
 
 
-def run_metrics(sqlite_path: str | os.PathLike[str]) -> dict[str, object]:
+def run_metrics(sqlite_path: str | os.PathLike[str], run: RunInputs | None = None
+                ) -> dict[str, object]:
     """The flat dict written to ``metrics.json`` for one export.
 
     Keys (None where the export has no kernels / no GPU activity / no GPU info):
@@ -414,25 +505,32 @@ def run_metrics(sqlite_path: str | os.PathLike[str]) -> dict[str, object]:
     * ``gpu_name``, ``compute_capability`` ("9.0"): from TARGET_INFO_GPU.
     * ``category_time_ns.<Category>``: GPU time per category (kernels; memcpy/memset
       records count in CopyMemset), for every category in analysis.metrics.categories.CATEGORIES.
+    * ``phase_gpu_ms_<phase>``, ``phase_gpu_ms_step``, ``phase_gpu_coverage``: from
+      phase_gpu_time.csv (analysis.metrics.phases).
+    * ``layer_share_fwd_bwd`` and the kernel-map keys (``kernel_map``, ...): see
+      analysis.metrics.kernelmap.attribution_metrics.
     """
     with Export(sqlite_path) as ex:
-        return compute_extras(ex).metrics
+        return compute_extras(ex, run=run).metrics
 
 
 def write_extras(
-    ex: Export, outdir: str | os.PathLike[str], ctx: Context | None = None
+    ex: Export, outdir: str | os.PathLike[str], ctx: Context | None = None,
+    run: RunInputs | None = None,
 ) -> dict[str, object]:
-    """Write the extra CSVs and metrics.json into ``outdir``; return the metrics."""
+    """Write the extra CSVs, phase_gpu_time.csv and metrics.json into ``outdir``; return the
+    metrics."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    extras = compute_extras(ex, ctx)
+    extras = compute_extras(ex, ctx, run)
     for name, table in extras.tables.items():
         table.write(out / name)
     # GPU time per phase with the cross-thread rule (docs/timing.md), and the capture's nsys.
-    extras.metrics.update(write_phase_table(ex, out / "phase_gpu_time.csv"))
+    write_phase_rows(out / "phase_gpu_time.csv", extras.phase_rows)
     extras.metrics["nsys_version"] = ex.product_version()
     (out / "metrics.json").write_text(json.dumps(extras.metrics, indent=2) + "\n")
     return extras.metrics
 
 
-__all__ = ["EXTRA_CSVS", "compute_extras", "run_metrics", "write_extras"]
+__all__ = ["EXTRA_CSVS", "RunInputs", "compute_extras", "op_categories", "run_metrics",
+           "write_extras"]

@@ -12,11 +12,21 @@ Its GPU time (end - start on the device) is then added to that range name. Sever
 of a name (``layer_3`` in every step) are merged into their union first, so overlapping
 instances on two threads never count an operation twice.
 
-Limits: a CUDA graph is one launch (``cudaGraphLaunch``) that runs many kernels; they are
-attributed by that one launch, so a graph spanning several phases lands in the phase of its
-launch. Work launched before a range opens but still running when it closes is not moved: the
+Two other bases fill in what the ranges cannot see (column ``Basis``):
+
+* **graph node count**: a CUDA graph is one launch (``cudaGraphLaunch``) that runs many
+  kernels, so by launch a graph lands in the phase of its launch. A graph holding the whole
+  step (``cuda_graph: step``) is split instead by the node counts its run record carries
+  (``graph_phases``, see :func:`op_phases`).
+* **provenance**: compiled code has no layer or sublayer ranges (they are no-ops while
+  Dynamo traces). Its ops get the range names of the source lines Inductor recorded for them
+  (analysis/metrics/attribution.py); such rows have no CPU time.
+
+Work launched before a range opens but still running when it closes is not moved: the
 attribution is by launch, not by execution time. ``share_of_step`` divides by the GPU time of
-every operation launched inside a ``profiled_step`` range.
+every operation launched inside a ``profiled_step`` range. ``Phases`` lists the phases the
+row's ops were launched in (eager layer ranges see only the forward: backward is launched
+from autograd's thread, outside them; compiled layers get both).
 """
 
 from __future__ import annotations
@@ -24,14 +34,20 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from analysis.metrics.gpuops import GpuOps, gpu_ops
 from analysis.reading.export import Export
-from analysis.reports.nvtx import PID_MASK, match_runtime
+from analysis.reports.nvtx import PID_MASK
+
+if TYPE_CHECKING:
+    from analysis.metrics.attribution import Attribution
 
 STEP_RANGE = "profiled_step"
 PHASES = ("forward_pass", "loss_computation", "backward_pass", "optimizer_step")
+NVTX_BASIS, COUNT_BASIS, PROVENANCE_BASIS = "nvtx range", "graph node count", "provenance"
 COLUMNS = [
     "Range",
     "Kind",
@@ -41,31 +57,23 @@ COLUMNS = [
     "GPU ms/step",
     "Share of Step",
     "CPU ms/step",
+    "Basis",
+    "Phases",
 ]
 
 
 @dataclass
-class Launches:
-    """Every GPU op of the capture with the start time and process of its launch call."""
+class OpPhases:
+    """The phase of every GPU op (index into PHASES, -1 outside them), in GpuOps order."""
 
-    launch: np.ndarray  # int64 ns, CUDA API start; -1 when no launch row was found
-    pid: np.ndarray  # int64, the process bits of the launching thread
-    gpu_ns: np.ndarray  # int64, device duration
+    phase: np.ndarray
+    by_count: np.ndarray  # bool: phase from a whole-step CUDA graph's node counts
+    split_replays: int  # CUDA-graph replays split by node counts
+    counts_given: bool  # the run record had graph_phases
 
-
-def gpu_launches(ex: Export) -> Launches:
-    """Kernels, memcpys and memsets joined to the CUDA API call that launched them."""
-    k, mc, ms = ex.kernels(), ex.memcpy(), ex.memset()
-    corr = np.concatenate([k["correlationId"], mc["correlationId"], ms["correlationId"]])
-    gpid = np.concatenate([k["globalPid"], mc["globalPid"], ms["globalPid"]])
-    dur = np.concatenate([k["end"] - k["start"], mc["end"] - mc["start"],
-                          ms["end"] - ms["start"]]).astype(np.int64)
-    rt = ex.runtime()
-    api = match_runtime(rt["correlationId"], rt["globalTid"], corr, gpid)
-    found = api >= 0
-    launch = np.full(corr.size, -1, np.int64)
-    launch[found] = rt["start"][api[found]]
-    return Launches(launch=launch, pid=gpid & PID_MASK, gpu_ns=dur)
+    def name(self, i: int) -> str | None:
+        p = int(self.phase[i])
+        return PHASES[p] if p >= 0 else None
 
 
 def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +95,18 @@ def _inside(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return result
 
 
+def _ops_inside(launch: np.ndarray, pid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                pids: np.ndarray) -> np.ndarray:
+    """Mask of ops whose launch falls in one of the ranges of their own process."""
+    mask = np.zeros(launch.size, bool)
+    has_launch = launch >= 0
+    for p in np.unique(pids):
+        s, e = _union(starts[pids == p], ends[pids == p])
+        mine = has_launch & (pid == p)
+        mask[mine] = _inside(launch[mine], s, e)
+    return mask
+
+
 def _display(name: str | None) -> str:
     """Range name without the default domain's empty prefix (nsys 2025 writes ':name')."""
     if name is None:
@@ -94,65 +114,188 @@ def _display(name: str | None) -> str:
     return name[1:] if name.startswith(":") else name
 
 
-def phase_table(ex: Export) -> list[dict[str, object]]:
-    """One row per NVTX range name: GPU time of the ops launched inside it, per step."""
-    nv = ex.nvtx()
-    if nv is None:
-        return []
-    closed = nv.end >= nv.start
-    names = [_display(n) for n in nv.names]
-    ops = gpu_launches(ex)
-    has_launch = ops.launch >= 0
-    range_pid = nv.global_tid & PID_MASK
+@dataclass
+class _Ranges:
+    """The closed NVTX ranges of the capture, by displayed name."""
 
-    def intervals(code_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        sel = code_mask & closed
-        return nv.start[sel], nv.end[sel], range_pid[sel]
+    start: np.ndarray
+    end: np.ndarray
+    pid: np.ndarray
+    codes: dict[str, np.ndarray]  # name -> indices into start/end/pid
 
-    def ops_inside(starts: np.ndarray, ends: np.ndarray, pids: np.ndarray) -> np.ndarray:
-        mask = np.zeros(ops.launch.size, bool)
-        for pid in np.unique(pids):
-            s, e = _union(starts[pids == pid], ends[pids == pid])
-            mine = has_launch & (ops.pid == pid)
-            mask[mine] = _inside(ops.launch[mine], s, e)
-        return mask
+    @classmethod
+    def of(cls, ex: Export) -> _Ranges | None:
+        nv = ex.nvtx()
+        if nv is None:
+            return None
+        closed = np.flatnonzero(nv.end >= nv.start)
+        names = [_display(n) for n in nv.names]
+        code = nv.name_code[closed]
+        by_name: dict[str, list[int]] = {}
+        for c, n in enumerate(names):
+            by_name.setdefault(n, []).append(c)
+        codes = {n: np.flatnonzero(np.isin(code, cs)) for n, cs in by_name.items()}
+        return cls(nv.start[closed], nv.end[closed], nv.global_tid[closed] & PID_MASK,
+                   {n: i for n, i in codes.items() if i.size})
 
-    step_codes = [i for i, n in enumerate(names) if n == STEP_RANGE]
-    step_mask = np.isin(nv.name_code, step_codes)
-    steps = int((step_mask & closed).sum())
-    step_ops = ops_inside(*intervals(step_mask)) if steps else np.zeros(ops.launch.size, bool)
-    step_gpu_ns = int(ops.gpu_ns[step_ops].sum())
-    per_step = max(steps, 1)
+    def ops_inside(self, name: str, ops: GpuOps) -> np.ndarray:
+        i = self.codes.get(name)
+        if i is None:
+            return np.zeros(ops.size, bool)
+        return _ops_inside(ops.launch, ops.pid, self.start[i], self.end[i], self.pid[i])
 
-    rows: list[dict[str, object]] = []
-    for name in sorted(set(names)):
-        codes = [i for i, n in enumerate(names) if n == name]
-        code_mask = np.isin(nv.name_code, codes)
-        starts, ends, pids = intervals(code_mask)
-        if starts.size == 0:
+    def cpu_ns(self, name: str) -> int:
+        i = self.codes.get(name, np.empty(0, np.int64))
+        return int((self.end[i] - self.start[i]).sum())
+
+
+def op_phases(ex: Export, ops: GpuOps, graph_phases: list[dict] | None = None) -> OpPhases:
+    """Per op: the phase range open at its launch (any thread of the process); for the ops
+    of a CUDA-graph replay holding the whole step, the phase of its node count instead.
+
+    ``graph_phases`` (the run record's, e.g. ``[{"phase": "forward_pass", "nodes": 171},
+    ...]``) are cumulative counts of activity-producing nodes (kernel, memset, memcpy) at
+    the end of each phase, in capture order.  A replay with as many ops as the last count
+    is split: its ops, by start time, take the phases in turn.
+    """
+    phase = np.full(ops.size, -1, np.int64)
+    ranges = _Ranges.of(ex)
+    if ranges is not None and ops.size:
+        for p, name in enumerate(PHASES):
+            phase[ranges.ops_inside(name, ops) & (phase < 0)] = p
+    by_count = np.zeros(ops.size, bool)
+    split = 0
+    counts = _node_counts(graph_phases)
+    for members in _replays(ops):
+        if not counts or members.size != counts[-1][1]:
             continue
-        inside = ops_inside(starts, ends, pids)
-        gpu_ns = int(ops.gpu_ns[inside].sum())
-        rows.append({
+        members = members[np.argsort(ops.start[members], kind="stable")]
+        lo = 0
+        for name, hi in counts:
+            phase[members[lo:hi]] = PHASES.index(name) if name in PHASES else -1
+            lo = hi
+        by_count[members] = True
+        split += 1
+    return OpPhases(phase=phase, by_count=by_count, split_replays=split,
+                    counts_given=bool(counts))
+
+
+def _replays(ops: GpuOps) -> list[np.ndarray]:
+    """The ops of each CUDA-graph replay (one launch call: same process and correlationId)."""
+    replay = np.flatnonzero(ops.graph_launch)
+    if replay.size == 0:
+        return []
+    order = replay[np.lexsort((ops.corr[replay], ops.pid[replay]))]
+    key_change = np.r_[True, (np.diff(ops.corr[order]) != 0) | (np.diff(ops.pid[order]) != 0)]
+    return np.split(order, np.flatnonzero(key_change)[1:])
+
+
+def _node_counts(graph_phases: list[dict] | None) -> list[tuple[str, int]]:
+    """(phase, cumulative node count) pairs; empty unless well formed and non-decreasing."""
+    out: list[tuple[str, int]] = []
+    for entry in graph_phases or []:
+        try:
+            name, nodes = str(entry["phase"]), int(entry["nodes"])
+        except (KeyError, TypeError, ValueError):
+            return []
+        if nodes < (out[-1][1] if out else 0):
+            return []
+        out.append((name, nodes))
+    return out if out and out[-1][1] > 0 else []
+
+
+@dataclass
+class _Row:
+    mask: np.ndarray
+    bases: list[str]
+    instances: int
+    cpu_ns: int | None
+
+
+def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None = None,
+                attribution: Attribution | None = None) -> list[dict[str, object]]:
+    """One row per range name: GPU time of the ops launched inside it (or placed there by
+    node counts or provenance), per step."""
+    ranges = _Ranges.of(ex)
+    if ranges is None and attribution is None:
+        return []
+    ops = ops if ops is not None else gpu_ops(ex)
+    phases = phases if phases is not None else op_phases(ex, ops)
+    rows: dict[str, _Row] = {}
+    for name in (ranges.codes if ranges is not None else {}):
+        inside = ranges.ops_inside(name, ops)
+        if name in PHASES:
+            inside &= ~phases.by_count
+        rows[name] = _Row(inside, [NVTX_BASIS], int(ranges.codes[name].size),
+                          ranges.cpu_ns(name))
+    if phases.by_count.any():
+        for p, name in enumerate(PHASES):
+            counted = phases.by_count & (phases.phase == p)
+            row = rows.setdefault(name, _Row(np.zeros(ops.size, bool), [], 0, None))
+            row.mask |= counted
+            row.bases.append(COUNT_BASIS)
+            row.instances += phases.split_replays
+    if attribution is not None:
+        _add_provenance_rows(rows, ops, attribution)
+
+    step = rows.get(STEP_RANGE)
+    steps = step.instances if step is not None and NVTX_BASIS in step.bases else 0
+    step_ops = step.mask if steps else np.zeros(ops.size, bool)
+    dur = ops.dur
+    step_gpu_ns = int(dur[step_ops].sum())
+    per_step = max(steps, 1)
+    out: list[dict[str, object]] = []
+    for name in sorted(rows):
+        row = rows[name]
+        gpu_ns = int(dur[row.mask].sum())
+        out.append({
             "Range": name,
             "Kind": _kind(name),
-            "Instances": int(starts.size),
-            "Ops": int(inside.sum()),
+            "Instances": row.instances,
+            "Ops": int(row.mask.sum()),
             "GPU Time (ns)": gpu_ns,
             "GPU ms/step": gpu_ns / per_step / 1e6,
             "Share of Step": gpu_ns / step_gpu_ns if step_gpu_ns else None,
-            "CPU ms/step": float((ends - starts).sum()) / per_step / 1e6,
+            "CPU ms/step": row.cpu_ns / per_step / 1e6 if row.cpu_ns is not None else None,
+            "Basis": " + ".join(dict.fromkeys(row.bases)),
+            "Phases": _phases_of(phases.phase[row.mask]),
         })
     if steps:
-        rows.append(_other_row(ops, step_ops, rows, step_gpu_ns, per_step))
-    rows.sort(key=lambda r: (_KIND_ORDER.index(r["Kind"]), -int(r["GPU Time (ns)"])))
-    return rows
+        out.append(_other_row(out, step_gpu_ns, per_step))
+    out.sort(key=lambda r: (_KIND_ORDER.index(r["Kind"]), -int(r["GPU Time (ns)"])))
+    return out
 
 
-def _other_row(
-    ops: Launches, step_ops: np.ndarray, rows: list[dict[str, object]], step_gpu_ns: int,
-    per_step: int,
-) -> dict[str, object]:
+def _add_provenance_rows(rows: dict[str, _Row], ops: GpuOps, attribution: Attribution) -> None:
+    """Rows for the range names of the source lines compiled code came from."""
+    offsets = np.cumsum([0] + [len(p) for p in attribution.places])
+    places = [place for graph in attribution.places for place in graph]
+    site = np.where(attribution.op_graph >= 0,
+                    offsets[np.maximum(attribution.op_graph, 0)] + attribution.op_site, -1)
+    layer = np.array([-1 if p.layer is None else p.layer for p in places] + [-1], np.int64)
+    sites_of: dict[str, list[int]] = {}
+    for i, place in enumerate(places):
+        for name in place.path:
+            sites_of.setdefault(name, []).append(i)
+    for name, sites in sites_of.items():
+        mask = np.isin(site, sites)
+        if not mask.any():
+            continue
+        # an instance: one invocation of a graph, per layer (as a range per layer and step)
+        pairs = np.unique(np.stack([attribution.op_invocation[mask], layer[site[mask]]]), axis=1)
+        row = rows.setdefault(name, _Row(np.zeros(ops.size, bool), [], 0, None))
+        row.mask |= mask
+        row.bases.append(PROVENANCE_BASIS)
+        row.instances += int(pairs.shape[1])
+
+
+def _phases_of(phase: np.ndarray) -> str:
+    present = np.unique(phase[phase >= 0]).tolist()
+    return "+".join(PHASES[p] for p in present)
+
+
+def _other_row(rows: list[dict[str, object]], step_gpu_ns: int,
+               per_step: int) -> dict[str, object]:
     """GPU time launched inside a step but in none of the phases (e.g. zero_grad)."""
     phase_ns = sum(int(r["GPU Time (ns)"]) for r in rows if r["Range"] in PHASES)
     rest = step_gpu_ns - phase_ns
@@ -165,6 +308,8 @@ def _other_row(
         "GPU ms/step": rest / per_step / 1e6,
         "Share of Step": rest / step_gpu_ns if step_gpu_ns else None,
         "CPU ms/step": None,
+        "Basis": "",
+        "Phases": "",
     }
 
 
@@ -202,8 +347,13 @@ def phase_summary(rows: list[dict[str, object]]) -> dict[str, float | None]:
 
 
 def write_phase_table(ex: Export, path: str | os.PathLike[str]) -> dict[str, float | None]:
-    """Write ``phase_gpu_time.csv``; return the flat per-phase numbers for metrics.json."""
-    rows = phase_table(ex)
+    """Write ``phase_gpu_time.csv`` (NVTX ranges only); return the flat per-phase numbers."""
+    return write_phase_rows(path, phase_table(ex))
+
+
+def write_phase_rows(path: str | os.PathLike[str], rows: list[dict[str, object]]
+                     ) -> dict[str, float | None]:
+    """Write ``rows`` as ``phase_gpu_time.csv``; return :func:`phase_summary` of them."""
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
         writer.writeheader()

@@ -43,6 +43,7 @@ TOP_RUNS = 3
 ATTENTION_STEPS = ("computing attention scores", "causal mask construction",
                    "computing softmax", "final matmul")  # fmt: skip
 SUBLAYERS = ("attention_sublayer", "ffn_sublayer")
+SUBLAYER_BASIS = "basis"  # column of phase_frame's sublayer frame: how the rows were made
 _NOT_RUNS = {"plots", "ladders", "logs", "published"}
 
 
@@ -205,9 +206,19 @@ def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFr
         sub = {r: float(share.get(r)) for r in (*SUBLAYERS, *ATTENTION_STEPS)
                if r in share.index and pd.notna(share.get(r))}  # fmt: skip
         if sub:
-            parts[run] = sub
+            parts[run] = {**sub, SUBLAYER_BASIS: _sublayer_basis(table)}
     return (pd.DataFrame.from_dict(phases, orient="index", columns=list(style.PHASES)),
             pd.DataFrame.from_dict(parts, orient="index"))  # fmt: skip
+
+
+def _sublayer_basis(table: pd.DataFrame) -> str:
+    """How a run's sublayer rows were attributed: NVTX ranges see forward launches only;
+    compiled code is placed by provenance, forward and backward."""
+    rows = table[table["Range"].astype(str).isin(SUBLAYERS)]
+    basis = " ".join(rows.get("Basis", pd.Series(dtype=str)).fillna("").astype(str))
+    phases = " ".join(rows.get("Phases", pd.Series(dtype=str)).fillna("").astype(str))
+    where = "fwd+bwd" if "backward" in phases else "fwd"
+    return f"{where}, provenance" if "provenance" in basis else where
 
 
 def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Path:
@@ -266,12 +277,15 @@ def _sublayer_panel(ax: object, parts: pd.DataFrame) -> None:
                         label=None if r in seen else r)  # fmt: skip
                 seen.add(r)
                 left += row[r] * 100
-            labels.append(f"{style.short_label(str(run), 22)} · {tag}")
+            labels.append(f"{style.short_label(str(run), 22)} · {tag} "
+                          f"({row.get(SUBLAYER_BASIS, 'fwd')})")
             y += 1
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("% of the step's GPU time")
-    ax.set_title("sublayers, forward launches (NVTX)", fontsize=10)
+    # the labels say what each bar covers: NVTX ranges see forward launches only, the
+    # provenance of compiled code places forward and backward kernels
+    ax.set_title("sublayers", fontsize=10)
     ax.figure.legend(*ax.get_legend_handles_labels(), loc="outside lower right", fontsize=7,
                      ncols=3)
 
@@ -347,6 +361,14 @@ def plot_step_time(summary: pd.DataFrame, results: Path, path: Path) -> Path:
 
 
 # -- 6. top kernels -------------------------------------------------------------------------
+def _kernel_categories(results: Path, run: str) -> dict[str, str]:
+    """Kernel name -> the category most of its time got (stats/tensor_core.csv)."""
+    table = read_table(results / run / "stats" / "tensor_core.csv")
+    if table.empty or not {"Name", "Category"} <= set(table.columns):
+        return {}
+    return dict(zip(table["Name"].astype(str), table["Category"].astype(str), strict=True))
+
+
 _TEMPLATE = re.compile(r"<[^<>]*>")
 
 
@@ -376,7 +398,8 @@ def plot_top_kernels(summary: pd.DataFrame, results: Path, path: Path) -> Path:
     seen: set[str] = set()
     for ax, run in zip(axes[:, 0], heaviest, strict=True):
         t = tables[run].assign(t=num(tables[run], "Total Time (ns)")).nlargest(TOP_N, "t")
-        cats = [categorize(n) for n in t["Name"].astype(str)]
+        known = _kernel_categories(results, run)  # per launch: phase and fused ops count
+        cats = [known.get(n) or categorize(n) for n in t["Name"].astype(str)]
         seen.update(cats)
         y = np.arange(len(t))
         ax.barh(y, t["t"] / 1e6, color=[style.CATEGORY_COLORS[c] for c in cats])

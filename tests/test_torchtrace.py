@@ -1,0 +1,111 @@
+"""The TORCH_TRACE reader (analysis/reading/torchtrace.py) and the source regions of stack
+traces (analysis/reading/sourceregions.py), on the real traces of the compiled H100
+captures, checked against the raw log text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+from compiled_fixtures import COMPILED, H100
+
+from analysis.reading.sourceregions import INDEXED, model_layers, parse_frames, trace_regions
+from analysis.reading.torchtrace import launch_order, read_torch_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _raw_output_codes(trace: Path) -> list[str]:
+    """The inductor_output_code payloads of the log, split from the raw text."""
+    codes = []
+    for log in sorted(trace.iterdir()):
+        text = gzip.open(log, "rt").read()
+        for block in re.split(r"\n(?=[VIWEC]\d{4} )", text):
+            head, _, body = block.partition("\n")
+            if '"inductor_output_code"' in head:
+                codes.append("\n".join(line[1:] for line in body.split("\n")))
+    return codes
+
+
+@pytest.fixture(scope="module", params=COMPILED)
+def trace(request: pytest.FixtureRequest) -> Path:
+    return H100 / f"{request.param}_torch_trace"
+
+
+def test_graphs_and_call_sites_match_the_raw_code(trace: Path) -> None:
+    graphs = read_torch_trace(trace)
+    codes = _raw_output_codes(trace)
+    assert len(graphs) == len(codes) >= 4  # model and loss: forward, backward; optimizer
+    assert [g.kind for g in graphs].count("backward") == 2
+    assert {g.function for g in graphs} == {"forward", "loss", "_adamw_segment"}
+    for g, code in zip(graphs, codes, strict=True):
+        assert g.aot_id in code.splitlines()[0]
+        # every launch carries a handle; Triton kernels are launched as `<name>.run(`
+        assert len(g.sites) == code.count("[Provenance debug handles]")
+        assert g.triton_names == re.findall(r"^\s+(triton_\w+)\.run\(", code, re.M)
+        assert all(s.aten_ops and s.stack_traces for s in g.sites)
+    forward = graphs[0]
+    assert forward.kind == "forward" and forward.function == "forward"
+    externs = {s.kernel for s in forward.sites if not s.is_triton}
+    assert externs == {"extern_kernels.mm",
+                       "torch.ops.aten._scaled_dot_product_cudnn_attention.default"}
+    mm = next(s for s in forward.sites if s.kernel == "extern_kernels.mm")
+    assert "aten.mm" in mm.aten_ops
+
+
+def test_stack_traces_name_the_model_ranges(trace: Path) -> None:
+    forward = read_torch_trace(trace)[0]
+    sdpa = next(s for s in forward.sites if "attention" in s.kernel)
+    names = [r.name for r in trace_regions(sdpa.stack_traces[0])]
+    assert names == [INDEXED, "attention_sublayer", "scaled_dot_product_attention"]
+    frames = parse_frames(sdpa.stack_traces[0])
+    assert frames[0].code == "x = block(x)" and frames[-1].function == "attention_core"
+
+
+def test_a_moved_line_is_found_by_its_code(trace: Path) -> None:
+    """The model file changed since the capture: a frame is placed by its code text."""
+    forward = read_torch_trace(trace)[0]
+    rope = next(s for s in forward.sites if "slice_stack" in s.kernel)
+    original = rope.stack_traces[0]
+    shifted = re.sub(r"line (\d+)", lambda m: f"line {int(m.group(1)) + 3}", original)
+    assert shifted != original
+    assert [r.name for r in trace_regions(shifted)] == [r.name for r in trace_regions(original)]
+    assert trace_regions(shifted)[-1].name == "rope encoding"
+
+
+def test_partitions_are_inlined_in_call_order() -> None:
+    """A graph split into CUDA-graph partitions launches partition 0, then what call()
+    itself launches, then partition 1 (the shape of the reduce-overhead wrapper)."""
+    text = _raw_output_codes(H100 / "compiled_small_reduce-overhead_torch_trace")[0]
+    assert "def partition_0(args):" in text  # the real wrapper: one partition
+    handles = [h for h, _, _ in launch_order(text)]
+    assert handles and handles == re.findall(r"\[Provenance debug handles\] (\S+)", text)
+    two = (
+        "def partition_0(args):\n    # [Provenance debug handles] triton_a:1\n    pass\n"
+        "def partition_1(args):\n    # [Provenance debug handles] triton_c:3\n    pass\n"
+        "class Runner:\n    def call(self, args):\n        self.partitions[0](args)\n"
+        "        # [Provenance debug handles] extern_kernels.mm:2\n"
+        "        self.partitions[1](args)\n"
+    )
+    assert [h for h, _, _ in launch_order(two)] == ["triton_a:1", "extern_kernels.mm:2",
+                                                    "triton_c:3"]
+
+
+def test_model_layers_match_the_model() -> None:
+    from workloads.gpt import SIZES
+
+    assert {s: model_layers(s) for s in SIZES} == {s: v["n_layers"] for s, v in SIZES.items()}
+    assert model_layers("no-such-size") is None
+
+
+def test_records_are_read_from_plain_and_gzipped_logs(tmp_path: Path) -> None:
+    src = H100 / "compiled_small_default_torch_trace"
+    for log in src.iterdir():
+        (tmp_path / log.name.removesuffix(".gz")).write_text(gzip.open(log, "rt").read())
+    plain, zipped = read_torch_trace(tmp_path), read_torch_trace(src)
+    assert [(g.aot_id, [s.handle for s in g.sites]) for g in plain] == \
+        [(g.aot_id, [s.handle for s in g.sites]) for g in zipped]
+    assert json.dumps([len(g.sites) for g in plain]) == "[158, 2, 1, 305, 1, 1]"
