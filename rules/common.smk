@@ -49,7 +49,7 @@ CALIBRATION_INPUT = f"{RESULTS}/calibration.json" if config["calibrate"] else []
 # phases.py). The figures read these per-run extras too (kernel categories, idle gaps by cause,
 # duration histogram); they are declared so that a missing one reruns run_stats.
 STATS_CSVS = [*NSYS_REPORTS, "phase_gpu_time", "kernel_categories", "idle_time",
-              "kernel_durations", "kernel_map"]
+              "kernel_durations", "kernel_map", "compiled_ops"]
 
 
 # Resume anywhere (docs/reliability.md): nsys captures are temp() outputs, so a results folder

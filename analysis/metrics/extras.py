@@ -24,13 +24,14 @@ from analysis.metrics.categories import CATEGORIES, MEMOP_CATEGORY, categorize_o
 from analysis.metrics.durations import durations_table
 from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.idle import idle_table
-from analysis.metrics.kernelmap import attribution_metrics, kernel_map_table
+from analysis.metrics.kernelmap import attribution_metrics, compiled_op_table, kernel_map_table
 from analysis.metrics.occupancy import GpuLimits, occupancy
 from analysis.metrics.phases import (
     OpPhases,
     op_phases,
     phase_summary,
     phase_table,
+    step_ops,
     write_phase_rows,
 )
 from analysis.reading.codes import dense_codes
@@ -45,6 +46,7 @@ from analysis.reports.nsys_stats import Context
 EXTRA_CSVS: tuple[str, ...] = (
     "kernel_categories.csv",
     "kernel_map.csv",
+    "compiled_ops.csv",
     "nvtx_categories.csv",
     "tensor_core.csv",
     "kernel_occupancy.csv",
@@ -441,6 +443,8 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
     cat_table, cat_values = category_table(ops)
     out.tables["kernel_categories.csv"] = cat_table
     out.tables["kernel_map.csv"] = kernel_map_table(launched, attribution, category)
+    in_step, steps = step_ops(ex, launched)
+    out.tables["compiled_ops.csv"] = compiled_op_table(launched, attribution, in_step, steps)
     out.tables["nvtx_categories.csv"] = nvtx_category_table(ctx, ops)
     tc_table, tc_share = tensor_core_table(ex, ctx, category)
     out.tables["tensor_core.csv"] = tc_table

@@ -25,11 +25,15 @@ memsets launched in ``forward_pass`` or ``backward_pass``):
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from analysis.metrics.attribution import ANCHOR, EXTERN, GLUE, ORDERED, Attribution
 from analysis.metrics.categories import CATEGORIES
 from analysis.metrics.gpuops import KERNEL, GpuOps
+from analysis.metrics.ops import COLUMNS as OPS_COLUMNS
+from analysis.metrics.ops import CompiledOpTime, compiled_op_rows, fused_label
 from analysis.metrics.phases import PHASES, OpPhases
 from analysis.reading.sourceregions import parse_frames
 from analysis.reading.torchtrace import TRITON_PREFIX
@@ -75,6 +79,59 @@ def kernel_map_table(ops: GpuOps, attribution: Attribution | None,
                 CATEGORIES[int(main[k])] if count[k] else "",
             ])
     return Table(COLUMNS, rows)
+
+
+# Extern call sites -> the ATen op they run (the kernel the capture shows is cuBLAS/cuDNN's).
+_EXTERN_OP = re.compile(r"^(?:extern_kernels\.|torch\.ops\.aten\.)(\w+?)(?:\.default)?$")
+# Views and layout ops an Inductor kernel lists among its Original ATen ops without computing.
+_LAYOUT_OPS = {"view", "_unsafe_view", "t", "permute", "transpose", "expand", "slice",
+               "unsqueeze", "squeeze", "reshape", "select", "as_strided", "alias",
+               "split", "split_with_sizes", "unbind"}
+OUTSIDE_COMPILED = "(outside compiled code)"
+
+
+def site_op_label(kernel: str, aten_ops: tuple[str, ...]) -> str:
+    """The ops-table label of a compiled call site: ``aten::mm`` for an extern kernel,
+    ``fused(aten::add, aten::mul, ...)`` (ops.fused_label) for an Inductor kernel, its layout
+    ops (views) left out unless that is all it has."""
+    extern = _EXTERN_OP.match(kernel)
+    if extern:
+        return f"aten::{extern.group(1)}"
+    names = [op.removeprefix("aten.") for op in aten_ops]
+    computing = [n for n in names if n not in _LAYOUT_OPS] or names
+    return fused_label([f"aten::{n}" for n in computing]) if computing else kernel
+
+
+def compiled_op_table(ops: GpuOps, attribution: Attribution | None, in_step: np.ndarray,
+                      steps: int) -> Table:
+    """ops.csv's columns for a compiled run, from its kernel map: each compiled call site's
+    GPU time under its source ATen ops, plus what ran outside compiled code (eager glue, the
+    optimizer's eager parts), per measured step. Empty without a kernel map."""
+    if attribution is None:
+        return Table(OPS_COLUMNS)
+    sites = [cs for g in attribution.graphs for cs in g.sites]
+    offsets = np.cumsum([0] + [len(g.sites) for g in attribution.graphs])
+    matched = np.isin(attribution.op_status, (ANCHOR, EXTERN, ORDERED)) & in_step
+    site = offsets[np.maximum(attribution.op_graph, 0)] + attribution.op_site
+    dur = ops.dur
+    times: list[CompiledOpTime] = []
+    for k in np.unique(site[matched]):
+        mine = matched & (site == k)
+        invocations = len(set(attribution.op_invocation[mine].tolist()))
+        cs = sites[int(k)]
+        times.append(CompiledOpTime(site_op_label(cs.kernel, cs.aten_ops),
+                                    int(dur[mine].sum()), invocations, int(mine.sum())))
+    rest = in_step & ~matched
+    if rest.any():
+        times.append(CompiledOpTime(OUTSIDE_COMPILED, int(dur[rest].sum()), 0, int(rest.sum())))
+    rows = compiled_op_rows(times, steps, int(dur[in_step].sum()))
+    return Table(OPS_COLUMNS, [[_ops_cell(r.get(c)) for c in OPS_COLUMNS] for r in rows])
+
+
+def _ops_cell(v: object) -> str:
+    if v is None:
+        return ""
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _source(traces: tuple[str, ...]) -> str:
@@ -145,4 +202,5 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
     return out
 
 
-__all__ = ["COLUMNS", "attribution_metrics", "kernel_map_table"]
+__all__ = ["COLUMNS", "attribution_metrics", "compiled_op_table", "kernel_map_table",
+           "site_op_label"]

@@ -149,6 +149,14 @@ class _Ranges:
         return int((self.end[i] - self.start[i]).sum())
 
 
+def step_ops(ex: Export, ops: GpuOps) -> tuple[np.ndarray, int]:
+    """(mask of the ops launched inside a measured step, the number of steps)."""
+    ranges = _Ranges.of(ex)
+    if ranges is None or STEP_RANGE not in ranges.codes:
+        return np.zeros(ops.size, bool), 0
+    return ranges.ops_inside(STEP_RANGE, ops), int(ranges.codes[STEP_RANGE].size)
+
+
 def op_phases(ex: Export, ops: GpuOps, graph_phases: list[dict] | None = None) -> OpPhases:
     """Per op: the phase range open at its launch (any thread of the process); for the ops
     of a CUDA-graph replay holding the whole step, the phase of its node count instead.

@@ -242,27 +242,44 @@ OPS_COLUMNS = {"Op": "op", "GPU ms/step": "GPU ms/step", "GPU Share of Step": "G
 
 
 def ops_section(results: Path, summary: pd.DataFrame) -> list[str]:
-    """Per run with an op capture: its top ops by GPU time (CPU time where there is none) and
-    what the op ranges cost (docs/analysis.md, "Operator table")."""
-    if "ops_status" not in summary.columns:
-        return []
+    """Per run with an operator table: its top ops by GPU time (CPU time where there is none):
+    from its op capture (ops.csv, with what the op ranges cost), or, for a compiled run, from
+    its kernel map (compiled_ops.csv: each compiled kernel under its source ATen ops;
+    docs/analysis.md, "Operator table")."""
     parts: list[str] = []
-    for _, row in summary[summary["ops_status"] == OK].iterrows():
-        path = results / str(row["run"]) / "stats" / "ops.csv"
-        table = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+    for _, row in summary[summary["status"] == OK].iterrows():
+        source, table = _op_table(results, row)
         if table.empty:
             continue
         by = "GPU Self (ns)" if table["GPU Self (ns)"].sum() > 0 else "CPU Self (ns)"
         top = table.sort_values(by, ascending=False).head(TOP_OPS)[list(OPS_COLUMNS)]
         top = top.rename(columns=OPS_COLUMNS)
         top["GPU share"] = [f"{v:.0%}" if _num(v) is not None else "—" for v in top["GPU share"]]
-        overhead = _num(row.get("ops_overhead"))
-        cost = f"{overhead:+.0%}" if overhead is not None else "not measured"
-        parts += [f"## Top ops: {row['run']}", "",
-                  f"From its op capture (`{row['run']}/stats/ops.csv`); the op ranges changed "
-                  f"the traced step by {cost} against the lean capture.", "",
-                  md_table(top.round(3).fillna("—")), ""]
+        if source == "ops.csv":
+            overhead = _num(row.get("ops_overhead"))
+            cost = f"{overhead:+.0%}" if overhead is not None else "not measured"
+            how = (f"From its op capture (`{row['run']}/stats/ops.csv`); the op ranges changed "
+                   f"the traced step by {cost} against the lean capture.")
+        else:
+            how = (f"From its kernel map (`{row['run']}/stats/compiled_ops.csv`): each compiled "
+                   "kernel under the ATen ops Inductor generated it from.")
+        parts += [f"## Top ops: {row['run']}", "", how, "", md_table(top.round(3).fillna("—")),
+                  ""]
     return parts
+
+
+def _op_table(results: Path, row: pd.Series) -> tuple[str, pd.DataFrame]:
+    stats = results / str(row["run"]) / "stats"
+    choices = ["compiled_ops.csv"]
+    if row.get("ops_status") == OK:
+        choices.insert(0, "ops.csv")
+    for name in choices:
+        path = stats / name
+        if path.is_file() and path.stat().st_size:
+            table = pd.read_csv(path)
+            if not table.empty:
+                return name, table
+    return "", pd.DataFrame()
 
 
 def _tflops(value: float) -> str:
