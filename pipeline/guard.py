@@ -130,10 +130,48 @@ Proc = subprocess.Popen[bytes] | forkserver.Child
 
 
 def _signal_group(proc: Proc, signum: int) -> None:
+    """`signum` to the command's group and to every process below the command or the guard:
+    torchrun starts each rank in a session of its own, outside the command's group."""
     try:
         os.killpg(proc.pid, signum)
     except ProcessLookupError:
         pass  # the group is already gone
+    for pid in _descendants({proc.pid, os.getpid()}):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """Every live process below `roots` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in roots:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _adopt_orphans() -> None:
+    """Be the subreaper of the command's tree: a process whose parent dies (a rank whose
+    torchrun was killed) is re-parented to the guard, so the guard still finds and stops it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass  # not Linux: the command's group is all the guard stops
 
 
 def _stop_group(proc: Proc, signum: int, grace_s: float) -> None:
@@ -443,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     running: list[Proc] = []
     _install_stop_handlers()
+    _adopt_orphans()
     try:
         args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
         result = guarded_result(args, running)
