@@ -95,6 +95,8 @@ for _n in RANK_COUNTS:
                 capture_output(f"{RESULTS}/{{run}}/profile.rank{rank}.nsys-rep")
                 for rank in range(_n)
             ],
+            # as profile's: a compiled run's TORCH_TRACE (every rank's log), empty otherwise
+            trace=capture_output(directory(f"{RESULTS}/{{run}}/torch_trace")),
         log:
             f"{LOGS}/profile/{{run}}.log",
         benchmark:
@@ -114,6 +116,7 @@ for _n in RANK_COUNTS:
             extra=config["nsys"]["extra_args"],
             stats="true" if config["nsys"]["console_stats"] else "false",
             prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
+            torch_trace=torch_trace_env,
         resources:
             gpu=_n,
             nodes=1,
@@ -125,9 +128,11 @@ for _n in RANK_COUNTS:
             # As rule profile, one nsys session per rank: torchrun starts `nsys profile` as
             # each rank, which names its capture after the RANK torchrun gave it (%q{{RANK}}).
             # Rank 0's capture is also the run's own (a hard link), for every per-run output.
-            "{params.guard} --run {wildcards.run} --out {output.times}"
+            "mkdir -p {output.trace};"
+            " {params.guard} --run {wildcards.run} --out {output.times}"
             " --expect {output.ranks} {output.rank_reps} -- {params.launch} --"
-            " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.op_ranges} {params.nsys} profile"
+            " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.op_ranges} {params.torch_trace}"
+            " {params.nsys} profile"
             " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
             " {params.capture}"
             " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"
@@ -165,7 +170,8 @@ rule rank_stats:
         RULE_CONTAINER
     shell:
         "if {params.python} -m pipeline.outcome ok {input.times}; then"
-        " {params.python} -m analysis all {input.sqlite} -o {params.outdir} > {log} 2>&1;"
+        " {params.python} -m analysis all {input.sqlite} -o {params.outdir}"
+        " --record {input.times} > {log} 2>&1;"
         " else {params.python} -m pipeline.outcome failed-stats {input.times} {params.outdir}"
         " {params.reports} > {log} 2>&1; fi"
 
