@@ -234,6 +234,10 @@ def test_comm_findings_follow_their_cells(results: Path) -> None:
                 f = found[(rule, run)]
                 assert f.source == "distributed.csv" and f.value_column == column
                 assert f.value == pytest.approx(value)
+    # the pipeline's findings.csv has them, as every rule's
+    listed = pd.read_csv(results / "findings.csv")
+    assert {(r.rule, r.run) for r in listed.itertuples() if r.source == "distributed.csv"} \
+        == set(found)
     variants = {"gpt_tiny_ddp2": "gpt_tiny_ddp2_bucket1mb",  # bucket_cap_mb
                 "gpt_tiny_fsdp2": "gpt_tiny_fsdp2_keep"}  # reshard_after_forward
     for run, fix in variants.items():

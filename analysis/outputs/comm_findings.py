@@ -4,9 +4,9 @@ Each rule has the signature of analysis/outputs/findings.py's rules (``rule(ctx,
 yielding its :class:`Finding`) and rests on one cell of ``distributed.csv``
 (analysis/outputs/distributed.py). Where the config also ran the variant with the fix (the
 same run with another ``bucket_cap_mb`` for DDP, another ``reshard_after_forward`` for FSDP),
-the finding quotes that variant's measured speed-up with its 95% CI. Registered by adding
-:data:`COMM_RULES` to findings.py's rule list (the findings rule then also needs
-``distributed.csv`` as an input).
+the finding quotes that variant's measured speed-up with its 95% CI. findings.py's
+``find_all`` runs :data:`COMM_RULES` after its own rules (the findings rule has
+``distributed.csv`` as an input when the config has distributed runs).
 """
 
 from __future__ import annotations
