@@ -29,6 +29,7 @@ report: landing_page()
 
 include: "rules/container.smk"
 include: "rules/profile.smk"
+include: "rules/distributed.smk"
 include: "rules/analyze.smk"
 include: "rules/report.smk"
 
@@ -44,4 +45,5 @@ rule all:
         f"{RESULTS}/findings.csv",
         f"{RESULTS}/SUMMARY.md",
         DIFF_OUTPUTS,
+        DISTRIBUTED_OUTPUTS,
     default_target: True

@@ -2,10 +2,12 @@
 
 Per run (one export): ``stats`` (the seven nsys reports), ``extras`` (what nsys lacks)
 and ``all`` (both, reading the export once: what the pipeline runs); ``ops`` (the operator
-table of an op capture).  Across runs:
+table of an op capture); ``ranks`` (one distributed run's per-rank exports together).
+Across runs:
 ``compare`` (A vs B captures), ``aggregate`` (summary.csv), ``speedup`` (untraced A vs B
 with CI), ``ladders``, ``findings``, ``plots`` (the report's figures), ``overview``
-(SUMMARY.md, the report's front page) and ``diff`` (two results folders).
+(SUMMARY.md, the report's front page), ``distributed`` (scaling and communication across
+distributed runs) and ``diff`` (two results folders).
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cp.add_argument("a", type=Path, help="A: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("b", type=Path, help="B: .sqlite export or run folder with profile.sqlite")
     cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    rk = sub.add_parser("ranks", help="one distributed run across its ranks' exports")
+    rk.set_defaults(handler=run_ranks)
+    rk.add_argument("exports", type=Path, nargs="+", help="each rank's export, in rank order")
+    rk.add_argument("--times", type=Path, required=True, help="the run's times.json (status)")
+    rk.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     add_results_commands(sub, full=command is None or command in PANDAS_COMMANDS
                          or command.startswith("-"))
     return p
@@ -165,6 +172,15 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_ranks(args: argparse.Namespace) -> int:
+    from analysis.outputs.ranks import write_rank_analysis
+
+    metrics = write_rank_analysis(args.exports, args.times, args.output)
+    print(f"{len(args.exports)} ranks: {metrics.get('status')}, exposed communication "
+          f"{metrics.get('exposed_comm_ms')} ms/step, overlap {metrics.get('overlap')}")
+    return 0
+
+
 def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> None:
     """Commands over a results folder (the pipeline's outputs across runs); without ``full``,
     aggregate and diff are listed but not given their options."""
@@ -196,6 +212,9 @@ def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> 
     ov.add_argument("--html", type=Path, default=None, help="also a self-contained HTML page")
     ov.add_argument("--rst", type=Path, default=None,
                     help="also the Snakemake report's landing text (reStructuredText)")
+    ds = _over_results(sub, "distributed", "distributed.csv: scaling, exposed communication, "
+                       "stragglers, bandwidth; and its figures", run_distributed, "CSV to write")
+    ds.add_argument("--plots", type=Path, default=None, help="folder for its two figures")
     df = sub.add_parser("diff", help="two results folders, run by run, with the ranges why")
     if full:
         from analysis.outputs import diff
@@ -247,6 +266,14 @@ def run_findings(args: argparse.Namespace) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     findings_table(found).to_csv(args.output, index=False)
     print(f"wrote {args.output}: {len(found)} findings")
+    return 0
+
+
+def run_distributed(args: argparse.Namespace) -> int:
+    from analysis.outputs.distributed import write_distributed
+
+    table = write_distributed(args.results, _summary(args), args.output, args.plots)
+    print(f"wrote {args.output}: {len(table)} runs")
     return 0
 
 

@@ -202,7 +202,9 @@ def estimate_run_bytes(params: Mapping[str, Any]) -> int:
     else:
         per_step = ATTENTION_KERNELS.get(mode, 30)
     lean = per_step * int(params.get("steps", 10)) * BYTES_PER_KERNEL
-    return BASE_BYTES + lean * (1 + OPS_CAPTURE_FACTOR.get(params.get("ops", False), 0))
+    run = BASE_BYTES + lean * (1 + OPS_CAPTURE_FACTOR.get(params.get("ops", False), 0))
+    # a distributed run: one capture per rank (rank 0's is also the run's own: a hard link)
+    return run * (params.get("gpus", 1) if params.get("parallel", "none") != "none" else 1)
 
 
 def _existing_ancestor(path: Path) -> Path:

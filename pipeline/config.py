@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import itertools
+import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -289,6 +290,22 @@ def select_runs(runs: dict[str, Any], patterns: list[str]) -> dict[str, Any]:
     return chosen
 
 
+def ranks(params: dict[str, Any]) -> int:
+    """Processes (GPUs) a run takes: its `gpus` when `parallel` is ddp or fsdp, else 1."""
+    return int(params.get("gpus", 1)) if params.get("parallel", "none") != "none" else 1
+
+
+def check_parallel(runs: dict[str, dict[str, Any]]) -> None:
+    """`gpus` > 1 only with a parallel mode (one process cannot use several GPUs here)."""
+    for name, params in runs.items():
+        if params.get("gpus", 1) > 1 and params.get("parallel", "none") == "none":
+            raise ConfigError(f"runs.{name}.gpus",
+                              "gpus > 1 needs parallel: ddp or fsdp (docs/distributed.md)")
+        if params.get("ops") and params.get("parallel", "none") != "none":
+            raise ConfigError(f"runs.{name}.ops", "the op capture is of one process; a "
+                              "distributed run's CPU captures have op ranges already")
+
+
 def check_comparisons(cfg: dict[str, Any], runs: dict[str, Any]) -> None:
     for i, comp in enumerate(cfg["comparisons"]):
         for side in ("a", "b"):
@@ -349,6 +366,19 @@ class Plan:
         return f"{self.workload_args(run)} --op_ranges {flag}"
 
     @property
+    def distributed(self) -> dict[str, int]:
+        """Runs launched by torchrun (parallel ddp | fsdp) -> their ranks."""
+        return {n: ranks(p) for n, p in self.runs.items() if p.get("parallel", "none") != "none"}
+
+    def launch_args(self, run: str) -> str:
+        """pipeline/launch.py's arguments for a distributed run: its ranks, its device."""
+        return f"--ranks {ranks(self.runs[run])} --device {self.runs[run].get('device', 'auto')}"
+
+    def runs_with_ranks(self, n: int) -> str:
+        """A wildcard constraint matching exactly the distributed runs of ``n`` ranks."""
+        return "|".join(re.escape(r) for r, k in self.distributed.items() if k == n)
+
+    @property
     def profiled_comparisons(self) -> list[str]:
         """Comparisons of two captured runs (they also get the kernel/NVTX comparison)."""
         return [n for n, c in self.comparisons.items()
@@ -385,6 +415,7 @@ def resolve(cfg: dict[str, Any], git: dict[str, Any] | None = None) -> Plan:
     """Check ``cfg`` (filling in defaults, in place) and resolve what it runs."""
     validate_top_level(cfg)
     all_runs = resolve_runs(cfg)
+    check_parallel(all_runs)
     check_comparisons(cfg, all_runs)
     runs = select_runs(all_runs, cfg["select"])
     comparisons = {

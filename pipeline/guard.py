@@ -129,11 +129,58 @@ def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> t
 Proc = subprocess.Popen[bytes] | forkserver.Child
 
 
+# Set when the guard adopts its command's orphans (a started command, not a forked one).
+_ADOPTING: list[bool] = []
+
+
 def _signal_group(proc: Proc, signum: int) -> None:
+    """`signum` to the command's group and to every process below the command (and, for a
+    started command, its orphans the guard adopted): torchrun starts each rank in a session
+    of its own, outside the command's group."""
     try:
         os.killpg(proc.pid, signum)
     except ProcessLookupError:
         pass  # the group is already gone
+    roots = {proc.pid, os.getpid()} if _ADOPTING else {proc.pid}
+    for pid in _descendants(roots):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """Every live process below `roots` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in roots:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _adopt_orphans() -> None:
+    """Be the subreaper of the command's tree: a process whose parent dies (a rank whose
+    torchrun was killed) is re-parented to the guard, so the guard still finds and stops it.
+    Only for a command the guard starts itself: a guard that asks a fork server may start
+    that server as its own child, which outlives the job and must never be stopped."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0:  # CHILD_SUBREAPER
+            _ADOPTING.append(True)
+    except (OSError, AttributeError):
+        pass  # not Linux: the command's tree below it is all the guard stops
 
 
 def _stop_group(proc: Proc, signum: int, grace_s: float) -> None:
@@ -443,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     running: list[Proc] = []
     _install_stop_handlers()
+    if args.fork_slot is None:
+        _adopt_orphans()
     try:
         args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
         result = guarded_result(args, running)

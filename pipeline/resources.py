@@ -27,6 +27,7 @@ MODE_TIME_FACTOR = {"forward": 1.0, "forward_backward": 2.0, "train": 3.0}
 DEFAULT_STEPS = 15  # warm-up + measured steps the size table assumes
 COMPILE_MIN = 10  # torch.compile's warm-up compilation
 JOB_OVERHEAD_MIN = 10  # process start-up and nsys' SQLite export
+TORCHRUN_MIN = 2  # rendezvous and the ranks' process-group set-up
 
 
 def run_needs(params: dict[str, Any] | None) -> tuple[float, float]:
@@ -41,7 +42,9 @@ def run_needs(params: dict[str, Any] | None) -> tuple[float, float]:
     minutes *= max(1.0, (params.get("warmup", 0) + params.get("steps", 0)) / DEFAULT_STEPS)
     if params.get("compile", "off") != "off":
         minutes += COMPILE_MIN
-    return mem_mb, minutes
+    # a distributed run: one process (and its host memory) per rank, plus torchrun's start-up
+    ranks = params.get("gpus", 1) if params.get("parallel", "none") != "none" else 1
+    return mem_mb * ranks, minutes + (TORCHRUN_MIN if ranks > 1 else 0)
 
 
 def job_mem_mb(params: dict[str, Any] | None, attempt: int) -> int:

@@ -208,6 +208,11 @@ def _check_error(e):
     return WorkflowError(f"start-up check failed: {e}")
 
 
+# The rules that capture and that time runs (rules/distributed.smk adds its per-rank-count ones).
+CAPTURE_RULES = {"profile", "profile_ops"}
+TIMING_RULES = {"time_run"}
+
+
 def _runs_to_do(rules):
     """The selected runs with a job of one of these rules to run now."""
     jobs = workflow.dag.needrun_jobs()
@@ -216,13 +221,13 @@ def _runs_to_do(rules):
 
 
 def startup_checks():
-    todo = _runs_to_do({"profile", "profile_ops"})
+    todo = _runs_to_do(CAPTURE_RULES)
     _checks.check_disk(Path(RESULTS), todo)
     if todo and not USE_CONTAINER:
         _checks.check_nsys(NSYS, NSYS_NEEDS_INSTALL)
     cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
     # untraced timing runs need the GPU as much as the captures do
-    on_gpu = _runs_to_do({"profile", "profile_ops", "time_run"})
+    on_gpu = _runs_to_do(CAPTURE_RULES | TIMING_RULES)
     _checks.check_gpu(_checks.runs_needing_cuda(on_gpu, cuda_image))
     if USE_CONTAINER:
         _checks.check_apptainer(PROFBENCH_CACHE)

@@ -63,6 +63,8 @@ rule findings:
         summary=f"{RESULTS}/summary.csv",
         plan=f"{RESULTS}/plan.json",
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
+        # distributed runs: the cross-run table the communication rules read
+        distributed=DISTRIBUTED_OUTPUTS[:1],
     output:
         report(
             f"{RESULTS}/findings.csv",

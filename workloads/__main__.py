@@ -12,18 +12,20 @@ Examples::
 """
 
 import argparse
+import contextlib
 import json
 import resource
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, process_state
+from workloads import calibrate, flops, parallel, process_state
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
@@ -79,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(gpt, "attention", choices=IMPLS, default="sdpa")
     _flag(gpt, "optimizer", choices=OPTIMIZERS, default="adamw_foreach",
           help="train mode only (ignored otherwise)")
+    # Distributed train step, one process per rank under torchrun (workloads/parallel.py).
+    _flag(gpt, "parallel", choices=parallel.PARALLEL_MODES, default="none")
+    _flag(gpt, "gpus", type=_positive, default=1, help="ranks (CPU: gloo processes)")
+    _flag(gpt, "bucket_cap_mb", type=float, default=25.0, help="DDP gradient bucket size")
+    _flag(gpt, "reshard_after_forward", type=_boolean, default=True, help="FSDP: true/false")
 
     for p in (attention, core, gpt):
         _flag(p, "dtype", choices=DTYPES, default="fp32")
@@ -119,15 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
     except ValueError as err:
         parser.error(str(err))
+    distributed = parallel.is_distributed(args)
+    if not distributed and getattr(args, "gpus", 1) > 1:
+        parser.error("--gpus > 1 needs --parallel ddp or fsdp (launched by torchrun)")
+    if distributed:
+        device = parallel.rank_device(device)
+        args.out = parallel.rank_out(args.out)
     memory_limited = apply_memory_limit(args.memory_limit_mb, device)
     # A timeout's SIGTERM becomes an exception, so the JSON (status error) is still written.
     signal.signal(signal.SIGTERM, _terminated)
     record = Record(args, device, memory_limited)
+    run = None
     try:
+        if distributed:
+            run = parallel.start(args, device)
+            record.result["distributed"] = run.describe()
         configure_precision(args.dtype)
         if args.cuda_graph == "step":
             check_capturable(device, args.dtype, args.mode)
-        workload = build_workload(args, device)
+        workload = build_workload(args, device, wrap=run.wrap if run else None)
         record.result["process"].update(process_state.after_build())
     except ValueError as err:  # invalid combination of options: a usage error
         record.fail("error", str(err))
@@ -140,14 +157,24 @@ def main(argv: list[str] | None = None) -> int:
         step, graph = workload.step, {}
         if args.cuda_graph == "step":
             step, graph = whole_step_graph(step, device)
-        measurement = run_steps(
-            step, warmup=args.warmup, steps=args.steps, device=device,
-            before_measure=lambda: gpu.snapshot("before"),
-            after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
-        )
+
+        def before_measure() -> None:
+            gpu.snapshot("before")
+            if run:
+                run.log.measuring = True  # count the measured steps' collectives
+
+        with run.measuring() if run else contextlib.nullcontext():
+            measurement = run_steps(
+                step, warmup=args.warmup, steps=args.steps, device=device,
+                before_measure=before_measure,
+                after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
+            )
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
     record.succeed(workload, measurement, gpu.result(), graph)
+    if run:
+        run.complete(record.result, workload.tokens_per_step)
+        run.close()
     record.write()
     print(summary_line(record.result))
     return 0
@@ -159,7 +186,8 @@ class Record:
     def __init__(self, args: argparse.Namespace, device: torch.device, memory_limited: bool):
         self.args, self.device = args, device
         process = process_state.at_start()  # first: nothing below may touch it (docs/timing.md)
-        params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                  if parallel.is_distributed(args) or k not in parallel.ARGS}
         params.pop("workload")
         params["device"] = device.type
         # where it lands is no config; op ranges off is every run before they existed
@@ -250,7 +278,8 @@ RESULT_TIMING_KEYS = (
 )
 
 
-def build_workload(args: argparse.Namespace, device: torch.device) -> Workload:
+def build_workload(args: argparse.Namespace, device: torch.device,
+                   wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> Workload:
     speed = Speed(
         compile=args.compile,
         sdpa_backend=args.sdpa_backend,
@@ -271,7 +300,8 @@ def build_workload(args: argparse.Namespace, device: torch.device) -> Workload:
             causal=args.causal, **common,
         )
     return build_gpt(
-        size=args.size, context=args.context, vocab=args.vocab, attention=args.attention, **common
+        size=args.size, context=args.context, vocab=args.vocab, attention=args.attention,
+        wrap=wrap, **common,
     )
 
 

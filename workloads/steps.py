@@ -190,8 +190,10 @@ def build_gpt(
     seed: int,
     lr: float = 1e-3,
     speed: Speed = Speed(),
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Workload:
-    """The CS336 GPT on a fixed random token batch, with random targets."""
+    """The CS336 GPT on a fixed random token batch, with random targets. ``wrap`` (DDP or
+    FSDP, workloads/parallel.py) wraps the model before the optimizer is built."""
     _check_mode(mode, GPT_MODES, "gpt")
     cfg = config_for(size, context_length=context, vocab_size=vocab, attention=attention)
     if attention == "sdpa":
@@ -204,6 +206,8 @@ def build_gpt(
     with torch.device(device):
         model = GPT(cfg)
     params_count = _count(model)
+    if wrap is not None:
+        model = wrap(model)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch, context), generator=generator).to(device)
     targets = torch.randint(0, vocab, (batch, context), generator=generator).to(device)

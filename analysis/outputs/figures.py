@@ -508,6 +508,79 @@ def plot_gpu_utilization(summary: pd.DataFrame, results: Path, path: Path) -> Pa
     return style.save(fig, path)
 
 
+# -- distributed runs (drawn by `analysis distributed`, not in FIGURES) ----------------------
+def plot_rank_timeline(summary: pd.DataFrame, results: Path, path: Path) -> Path:
+    """Per distributed run and rank, the mean step split into compute, exposed communication
+    and idle (analysis/outputs/ranks.py: <run>/distributed/ranks.csv)."""
+    title = "Distributed step per rank: compute, exposed communication, idle (mean per step)"
+    rows = {}
+    for run in run_names(summary, results):
+        table = read_table(results / run / "distributed" / "ranks.csv")
+        for _, r in table.iterrows():
+            rows[f"{run} · rank {int(r['rank'])}"] = {k: float(r[k]) for k in style.RANK_PARTS}
+    if not rows:
+        return style.empty_figure(path, title, "no distributed run was captured")
+    frame = pd.DataFrame.from_dict(rows, orient="index").fillna(0)
+    fig, axes = style.figure(height=style.bar_rows_height(len(frame), 1.8))
+    ax = axes[0, 0]
+    y, left = np.arange(len(frame)), np.zeros(len(frame))
+    for column, (label, color) in style.RANK_PARTS.items():
+        ax.barh(y, frame[column], left=left, color=color, label=label)
+        left += frame[column].to_numpy()
+    for i, total in enumerate(left):
+        exposed = frame["exposed_comm_ms"].iloc[i]
+        ax.annotate(f"{style.fmt_ms(total)} ({style.fmt_pct(exposed / total)} exposed)"
+                    if total else "", (total, y[i]), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=7)  # fmt: skip
+    ax.set_yticks(y, [style.short_label(r, 56) for r in frame.index], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.18)
+    ax.set_xlabel("ms per step")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title)
+    return style.save(fig, path)
+
+
+def plot_comm_bandwidth(summary: pd.DataFrame, results: Path, path: Path) -> Path:
+    """Bus bandwidth per collective and message size (<run>/distributed/collectives.csv)
+    against the all-reduce sweep on the same ranks (calibration_allreduce_<N>ranks.json)."""
+    title = "Collectives: bus bandwidth vs message size, against the calibrated all-reduce"
+    fig, axes = style.figure(height=4.5)
+    ax = axes[0, 0]
+    drawn = False
+    for cal_path in sorted(results.glob("calibration_allreduce_*ranks.json")):
+        cal = read_json(cal_path) or {}
+        sizes = sorted(cal.get("sizes") or [], key=lambda s: s["bytes"])
+        if sizes:
+            ax.plot([s["bytes"] for s in sizes], [s["busbw_gbps"] for s in sizes],
+                    color="#555555", linestyle="--", marker=".",
+                    label=f"calibrated all_reduce, {cal.get('ranks')} ranks "
+                          f"({cal.get('backend')})")  # fmt: skip
+            drawn = True
+    colors = [f"C{i}" for i in range(10)]
+    for i, run in enumerate(run_names(summary, results)):
+        table = read_table(results / run / "distributed" / "collectives.csv")
+        if table.empty or "busbw_gbps" not in table:
+            continue
+        table = table[num(table, "busbw_gbps") > 0]
+        for op, part in table.groupby("op"):
+            ax.scatter(num(part, "bytes"), num(part, "busbw_gbps"), color=colors[i % 10],
+                       marker=style.COLLECTIVE_MARKERS.get(str(op), "s"), s=36,
+                       label=f"{style.short_label(run, 36)}: {op}")  # fmt: skip
+            drawn = True
+    if not drawn:
+        style.plt.close(fig)
+        return style.empty_figure(path, title, "no collectives with a size, no calibration")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes; nccl-tests' size: the whole buffer)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title)
+    return style.save(fig, path)
+
+
 PLOTTERS: dict[str, Callable[[pd.DataFrame, Path, Path], Path]] = {
     "ladder_waterfall": plot_ladder_waterfall,
     "attention_sweep": plot_attention_sweep,
@@ -539,4 +612,4 @@ def write_figures(summary_csv: Path, results: Path, outdir: Path) -> list[Path]:
     return paths
 
 
-__all__ = ["FIGURES", "write_figures"]
+__all__ = ["FIGURES", "plot_comm_bandwidth", "plot_rank_timeline", "write_figures"]

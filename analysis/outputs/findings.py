@@ -487,10 +487,13 @@ def _with_gain(ctx: Context, f: Finding, fixes: list[Fix]) -> Finding:
 
 
 def find_all(results: Path, summary: pd.DataFrame) -> list[Finding]:
+    # distributed runs' rules (they import Finding and Context from here)
+    from analysis.outputs.comm_findings import COMM_RULES
+
     ctx = Context(results, summary)
     out: list[Finding] = []
     for run in summary.loc[summary["status"] == OK, "run"]:
-        for rule in RULES:
+        for rule in (*RULES, *COMM_RULES):
             out.extend(rule(ctx, str(run)))
     return sorted(out, key=_rank)
 

@@ -71,6 +71,16 @@ IDLE_LABELS: dict[str, str] = {
     "memory": "idle: around memcpy / memset",
 }
 
+# -- a distributed step per rank (analysis/metrics/ranks.py): the three add up to the step ---
+RANK_PARTS: dict[str, tuple[str, str]] = {
+    "compute_ms": ("compute (overlapped communication included)", "#55A868"),
+    "exposed_comm_ms": ("exposed communication (nothing computes)", "#64B5CD"),
+    "idle_ms": ("idle (neither)", "#B0B0B0"),
+}
+#: collectives (analysis/outputs/ranks.py): marker per op in the bandwidth figure
+COLLECTIVE_MARKERS: dict[str, str] = {"all_reduce": "o", "all_gather": "^",
+                                      "reduce_scatter": "v"}
+
 # -- run status (pipeline/outcome.py): how a cell that did not run is drawn --------------
 OK = "ok"
 STATUS_LABELS: dict[str, str] = {

@@ -1,0 +1,153 @@
+"""Findings of distributed runs: exposed communication, stragglers, slow collectives, scaling.
+
+Each rule has the signature of analysis/outputs/findings.py's rules (``rule(ctx, run)``
+yielding its :class:`Finding`) and rests on one cell of ``distributed.csv``
+(analysis/outputs/distributed.py). Where the config also ran the variant with the fix (the
+same run with another ``bucket_cap_mb`` for DDP, another ``reshard_after_forward`` for FSDP),
+the finding quotes that variant's measured speed-up with its 95% CI. findings.py's
+``find_all`` runs :data:`COMM_RULES` after its own rules (the findings rule has
+``distributed.csv`` as an input when the config has distributed runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pandas as pd
+
+from analysis.outputs.findings import Context, Finding
+from analysis.outputs.runs import OK, empty_cell, read_json
+from analysis.outputs.speedup import speedup_row
+
+DISTRIBUTED_CSV = "distributed.csv"
+# Thresholds (docs/distributed.md says why).
+EXPOSED_COMM_SHARE = 0.10  # of the step: communication nothing hides
+STRAGGLER_SHARE = 0.05  # compute spread across ranks, of the step
+BUSBW_RATIO = 0.5  # of the calibrated all-reduce bus bandwidth at the same size
+SCALING_EFFICIENCY = 0.8
+VARIANT_KEYS = ("bucket_cap_mb", "reshard_after_forward")
+
+
+def _row(ctx: Context, run: str) -> dict[str, Any] | None:
+    try:
+        table = pd.read_csv(ctx.results / DISTRIBUTED_CSV)
+    except (OSError, pd.errors.EmptyDataError):
+        return None
+    rows = table[table["run"] == run]
+    if rows.empty:
+        return None
+    return {k: (None if empty_cell(v) else v) for k, v in rows.iloc[0].to_dict().items()}
+
+
+def _finding(run: str, rule: str, column: str, value: float, threshold: float, title: str,
+             fix: str, severity: str = "medium") -> Finding:
+    return Finding(rule=rule, run=run, title=title, value=float(value), threshold=threshold,
+                   source=DISTRIBUTED_CSV, key_column="run", key=run, value_column=column,
+                   fix=fix, severity=severity)
+
+
+def variant(ctx: Context, run: str, key: str) -> str | None:
+    """A run of the plan equal to ``run`` but for ``key`` (the parallel setting to change)."""
+    plan = read_json(ctx.results / "plan.json") or {"runs": {}}
+    runs = plan["runs"]
+    if run not in runs:
+        return None
+    mine = runs[run]["params"]
+    for name, info in runs.items():
+        params = info["params"]
+        if name == run or params.get(key) == mine.get(key):
+            continue
+        if {k: v for k, v in params.items() if k not in VARIANT_KEYS} == \
+                {k: v for k, v in mine.items() if k not in VARIANT_KEYS}:
+            return name
+    return None
+
+
+def with_gain(ctx: Context, f: Finding, key: str) -> Finding:
+    """The measured speed-up of the variant that changes ``key``, when the config ran it."""
+    other = variant(ctx, f.run, key)
+    if other is None:
+        return f
+    row = speedup_row(ctx.results / f.run, ctx.results / other)
+    if row["status"] == OK:
+        f.gain_run, f.gain = other, row["speedup"]
+        f.gain_ci_low, f.gain_ci_high = row["speedup_ci_low"], row["speedup_ci_high"]
+        f.gain_significant = bool(row["significant"])
+    return f
+
+
+def _fix_key(row: dict[str, Any]) -> tuple[str, str]:
+    if row.get("parallel") == "fsdp":
+        return "reshard_after_forward", (
+            "FSDP: reshard_after_forward=False keeps the gathered parameters for backward (no "
+            "second all-gather), and explicit prefetch (set_modules_to_forward_prefetch / "
+            "backward_prefetch) issues the next layer's all-gather earlier")
+    return "bucket_cap_mb", (
+        "DDP: bucket_cap_mb sets when each all-reduce starts: buckets small enough that the "
+        "first ones are reduced while backward still computes (PyTorch's default 25 MB), large "
+        "enough not to be latency-bound; gradient_as_bucket_view=True saves the copies")
+
+
+def exposed_communication(ctx: Context, run: str) -> Iterator[Finding]:
+    row = _row(ctx, run)
+    share = row and row.get("exposed_comm_share")
+    if share is None or share <= EXPOSED_COMM_SHARE:
+        return
+    key, fix = _fix_key(row)
+    f = _finding(run, "exposed_communication", "exposed_comm_share", share,
+                 EXPOSED_COMM_SHARE,
+                 f"{share:.0%} of the step is communication nothing overlaps "
+                 f"({row['exposed_comm_ms']:.3g} ms/step, overlap {row['overlap'] or 0:.0%})",
+                 fix, "high" if share > 3 * EXPOSED_COMM_SHARE else "medium")
+    yield with_gain(ctx, f, key)
+
+
+def straggler_rank(ctx: Context, run: str) -> Iterator[Finding]:
+    row = _row(ctx, run)
+    share = row and row.get("compute_spread_share")
+    if share is None or share <= STRAGGLER_SHARE:
+        return
+    yield _finding(run, "straggler_rank", "compute_spread_share", share, STRAGGLER_SHARE,
+                   f"rank {int(row['straggler_rank'])} computes {row['compute_spread_ms']:.3g} ms "
+                   f"more per step than the fastest rank ({share:.0%} of the step): the others "
+                   "wait for it in every collective",
+                   "check that rank's GPU (clocks, temperature: gpu_state flags; another "
+                   "process on it) and its placement (NUMA node, PCIe / NVLink topology: "
+                   "nvidia-smi topo -m); equal work per rank is assumed")
+
+
+def slow_collectives(ctx: Context, run: str) -> Iterator[Finding]:
+    row = _row(ctx, run)
+    ratio = row and row.get("busbw_vs_calibrated")
+    if ratio is None or ratio >= BUSBW_RATIO:
+        return
+    key, _ = _fix_key(row)
+    f = _finding(run, "slow_collectives", "busbw_vs_calibrated", ratio, BUSBW_RATIO,
+                 f"the largest all-reduce ({row['allreduce_bytes'] / 2**20:.3g} MiB) reaches "
+                 f"{row['allreduce_busbw_gbps']:.3g} GB/s bus bandwidth, {ratio:.0%} of the "
+                 f"calibrated all-reduce of that size ({row['calibrated_busbw_gbps']:.3g} GB/s)",
+                 "the collective shares the GPU with compute kernels (fewer SMs for NCCL) or "
+                 "waits for a late rank inside its kernel: see exposed communication and the "
+                 "straggler spread; fewer, larger buckets (bucket_cap_mb) move more bytes per "
+                 "launch")
+    yield with_gain(ctx, f, key)
+
+
+def poor_scaling(ctx: Context, run: str) -> Iterator[Finding]:
+    row = _row(ctx, run)
+    eff = row and row.get("scaling_efficiency")
+    if eff is None or eff >= SCALING_EFFICIENCY:
+        return
+    yield _finding(run, "poor_scaling", "scaling_efficiency", eff, SCALING_EFFICIENCY,
+                   f"{row['gpus']} ranks give {eff:.0%} of {row['gpus']}x the one-GPU "
+                   f"throughput of {row['baseline_run']}",
+                   "the exposed communication and idle time per rank (plots/rank_timeline.png) "
+                   "say where the rest goes", "info")
+
+
+COMM_RULES: list[Callable[[Context, str], Iterator[Finding]]] = [
+    exposed_communication, straggler_rank, slow_collectives, poor_scaling,
+]
+
+__all__ = ["COMM_RULES"]

@@ -1,0 +1,180 @@
+"""Across the ranks of one distributed run: per rank and step, stragglers, collectives.
+
+    python -m analysis ranks RUN/profile.rank0.sqlite RUN/profile.rank1.sqlite ...
+                             --times RUN/times.json -o RUN/distributed
+
+writes (definitions in analysis/metrics/ranks.py and docs/distributed.md):
+
+* ``rank_steps.csv``: rank, step, step/compute/communication/exposed/idle ms, overlap;
+* ``ranks.csv``: the same per rank, mean over its steps;
+* ``steps.csv``: per step, across ranks: the slowest and fastest rank by step time and the
+  spread (slowest - fastest), and the rank with the most compute (the one the others wait for
+  in the collectives: its own exposed communication is the smallest);
+* ``collectives.csv``: per collective op and message size, over all ranks and measured steps:
+  count, median time, algorithm bandwidth ``bytes / time`` and bus bandwidth ``algbw x
+  factor`` (nccl-tests: 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
+  reduce-scatter, whose size is the whole gathered / scattered buffer);
+* ``metrics.json``: the run's means (over ranks and steps) and its largest all-reduce's bus
+  bandwidth, for distributed.csv and the findings.
+
+A run that failed (``times.json`` status) gets header-only tables and its status.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from analysis.metrics.ranks import STEP_COLUMNS, collective_rows, rank_timeline, step_breakdown
+from analysis.reading import Export
+
+TABLES = {
+    "rank_steps": ["rank", *STEP_COLUMNS],
+    "ranks": ["rank", "steps", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms",
+              "exposed_comm_share", "overlap", "idle_ms"],
+    "steps": ["step", "slowest_rank", "fastest_rank", "step_spread_ms", "max_compute_rank",
+              "compute_spread_ms"],
+    "collectives": ["op", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps",
+                    "bus_factor"],
+}
+MEANS = ("step_ms", "compute_ms", "comm_ms", "exposed_comm_ms", "idle_ms")
+
+
+def bus_factor(op: str, ranks: int) -> float | None:
+    """nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md), None for other ops."""
+    if ranks < 2:
+        return None
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    return None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def rank_summary(rank: int, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"rank": rank, "steps": len(steps)}
+    for key in MEANS:
+        row[key] = _mean([s[key] for s in steps])
+    row["overlap"] = _overlap(steps)
+    row["exposed_comm_share"] = (row["exposed_comm_ms"] / row["step_ms"]
+                                 if row["step_ms"] else None)
+    return row
+
+
+def _overlap(steps: list[dict[str, Any]]) -> float | None:
+    """1 - exposed / communication over all the steps together."""
+    comm = sum(s["comm_ms"] for s in steps)
+    return 1 - sum(s["exposed_comm_ms"] for s in steps) / comm if comm else None
+
+
+def straggler_rows(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per step index all ranks have: slowest/fastest rank, spreads."""
+    count = min((len(s) for s in per_rank.values()), default=0)
+    rows = []
+    for i in range(count):
+        step = {r: steps[i] for r, steps in per_rank.items()}
+        slow = max(step, key=lambda r: step[r]["step_ms"])
+        fast = min(step, key=lambda r: step[r]["step_ms"])
+        busy = max(step, key=lambda r: step[r]["compute_ms"])
+        idle = min(step, key=lambda r: step[r]["compute_ms"])
+        rows.append({
+            "step": i, "slowest_rank": slow, "fastest_rank": fast,
+            "step_spread_ms": step[slow]["step_ms"] - step[fast]["step_ms"],
+            "max_compute_rank": busy,
+            "compute_spread_ms": step[busy]["compute_ms"] - step[idle]["compute_ms"],
+        })  # fmt: skip
+    return rows
+
+
+def collective_table(per_rank: dict[int, list[dict[str, Any]]], ranks: int
+                     ) -> list[dict[str, Any]]:
+    """Per (op, bytes) with a known size: count, median time and bandwidths."""
+    times: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for rows in per_rank.values():
+        for row in rows:
+            if row["bytes"] > 0 and row["time_us"] > 0:
+                times[(row["op"], row["bytes"])].append(row["time_us"])
+    out = []
+    for (op, nbytes), values in sorted(times.items()):
+        median = statistics.median(values)
+        algbw = nbytes / (median * 1e-6) / 1e9
+        factor = bus_factor(op, ranks)
+        out.append({"op": op, "bytes": nbytes, "count": len(values), "time_us": median,
+                    "algbw_gbps": algbw, "busbw_gbps": algbw * factor if factor else None,
+                    "bus_factor": factor})
+    return out
+
+
+def run_metrics(ranks: list[dict[str, Any]], stragglers: list[dict[str, Any]],
+                collectives: list[dict[str, Any]], world: int, source: str) -> dict[str, Any]:
+    metrics: dict[str, Any] = {"status": "ok", "world_size": world, "timeline_source": source}
+    for key in (*MEANS, "overlap", "exposed_comm_share"):
+        metrics[key] = _mean([r[key] for r in ranks])
+    spreads = [s["step_spread_ms"] for s in stragglers]
+    metrics["step_spread_ms"] = _mean(spreads)
+    metrics["compute_spread_ms"] = _mean([s["compute_spread_ms"] for s in stragglers])
+    busiest = [s["max_compute_rank"] for s in stragglers]
+    metrics["straggler_rank"] = max(set(busiest), key=busiest.count) if busiest else None
+    reduces = [c for c in collectives if c["op"] == "all_reduce"]
+    largest = max(reduces, key=lambda c: c["bytes"]) if reduces else None
+    metrics["allreduce_bytes"] = largest["bytes"] if largest else None
+    metrics["allreduce_busbw_gbps"] = largest["busbw_gbps"] if largest else None
+    metrics["collective_ops"] = sorted({c["op"] for c in collectives})
+    return metrics
+
+
+def write_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def analyze(exports: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The tables and metrics of one run's per-rank exports (rank r = exports[r])."""
+    steps: dict[int, list[dict[str, Any]]] = {}
+    colls: dict[int, list[dict[str, Any]]] = {}
+    sources = set()
+    for rank, path in enumerate(exports):
+        with Export(path) as ex:
+            tl = rank_timeline(ex)
+        sources.add(tl.source)
+        steps[rank] = step_breakdown(tl)
+        colls[rank] = collective_rows(tl)
+    world = len(exports)
+    ranks = [rank_summary(r, s) for r, s in steps.items()]
+    stragglers = straggler_rows(steps)
+    collectives = collective_table(colls, world)
+    tables = {
+        "rank_steps": [{"rank": r, **row} for r, rows in steps.items() for row in rows],
+        "ranks": ranks, "steps": stragglers, "collectives": collectives,
+    }
+    return tables, run_metrics(ranks, stragglers, collectives, world, "/".join(sorted(sources)))
+
+
+def write_rank_analysis(exports: list[Path], times: Path, outdir: Path) -> dict[str, Any]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    record = json.loads(times.read_text()) if times.is_file() else {}
+    status = record.get("status", "error")
+    if status != "ok":
+        tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
+        metrics: dict[str, Any] = {"status": status, "message": record.get("message")}
+    else:
+        tables, metrics = analyze(exports)
+    for name, header in TABLES.items():
+        write_csv(outdir / f"{name}.csv", header, tables[name])
+    (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+__all__ = ["TABLES", "analyze", "bus_factor", "write_rank_analysis"]
