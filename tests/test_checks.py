@@ -3,7 +3,6 @@ one-line message saying what to do, before any job runs."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import yaml
 from conftest import SMOKE_CONFIG, snakemake
 
 from pipeline import checks
+from pipeline.config import load as load_config
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "h100"
@@ -193,19 +193,12 @@ def test_size_model_covers_real_captures(export: str, params: dict) -> None:
 
 
 def test_default_matrix_estimate() -> None:
-    """The standard GPU matrix (16 swept runs) needs well under a GiB: the check only bites on a
-    nearly full disk."""
-    cfg = yaml.safe_load((REPO / "config" / "standard.yaml").read_text())
-    sizes = [checks.estimate_run_bytes({**cfg["defaults"], **p})
-             for sweep in cfg["sweeps"] for p in _expand(sweep)]
-    assert len(sizes) == 16
-    assert 50 << 20 < sum(sizes) < 1 << 30  # about 80 MiB
-
-
-def _expand(sweep: dict) -> list[dict]:
-    axes = {k: v for k, v in sweep.items() if isinstance(v, list)}
-    return [{**sweep, **dict(zip(axes, combo, strict=True))}
-            for combo in itertools.product(*axes.values())]
+    """The standard GPU matrix's captures (25 runs) need well under a GiB: the check only bites
+    on a nearly full disk."""
+    plan = load_config(REPO / "config" / "standard.yaml")
+    sizes = [checks.estimate_run_bytes(p) for p in plan.profiled.values()]
+    assert len(sizes) == 25
+    assert 100 << 20 < sum(sizes) < 1 << 30  # about 314 MiB
 
 
 def test_results_under_a_file_is_not_writable(tmp_path: Path) -> None:

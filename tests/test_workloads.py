@@ -167,6 +167,7 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "optimizer": "adamw_foreach",
         "dtype": "fp32",
         "compile": "off",
+        "cuda_graph": "off",
         "sdpa_backend": "auto",
         "memory_limit_mb": None,
         "warmup": 1,
