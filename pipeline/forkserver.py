@@ -439,9 +439,17 @@ def probe_forked_gpu(timeout_s: float = 120.0) -> str | None:
 
 
 def threads_problem() -> str | None:
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        return f"{threads} threads in the server (a fork copies only one)"
+    tasks = sorted(os.listdir("/proc/self/task"))
+    if len(tasks) != 1:
+        names = []
+        for tid in tasks:
+            try:
+                names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+            except OSError:
+                names.append("?")
+        python = [t.name for t in threading.enumerate()]
+        return (f"{len(tasks)} threads in the server (a fork copies only one): "
+                f"{', '.join(names)}; Python threads: {', '.join(python)}")
     return None
 
 

@@ -173,12 +173,19 @@ def timing_threads() -> int:
         return 1
 
 
-# The workload runs with one CPU thread in its capture and in its timing twin (which holds
-# every core, see timing_threads): the same CPU-side work in both, whatever --cores is. Part
-# of the guard's command line (rules/profile.smk: GUARD), so every GPU job has it.
-ONE_THREAD_ENV = " ".join(f"{name}=1" for name in (
+# The workload's environment, part of the guard's command line (rules/profile.smk: GUARD), so
+# every GPU job has it:
+# - one CPU thread in its capture and in its timing twin (which holds every core, see
+#   timing_threads): the same CPU-side work in both, whatever --cores is;
+# - no pre-started Inductor compile-worker pool (TORCH_WARM_POOL=0): torch starts one when the
+#   Inductor backend is first used (torch 2.11 already when Inductor is imported), also when
+#   every graph then comes from the cache, and the job waits for it at exit (13-15 s per
+#   compiled job in the published records); a cold compile still gets its parallel workers,
+#   started when it needs them. The fork servers need it too: the pool's thread would make
+#   them refuse to fork (docs/timing.md).
+WORKLOAD_ENV = " ".join([*(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"))
+    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")), "TORCH_WARM_POOL=0"])
 
 
 def gpu_job_mem_mb(wildcards, attempt) -> int:

@@ -13,8 +13,9 @@ CAPTURE_ARGS = {
     "cudaProfilerApi": "--capture-range=cudaProfilerApi --capture-range-end=stop",
     "none": "",
 }
-# Every GPU job starts its workload through the guard, with one CPU thread (ONE_THREAD_ENV).
-GUARD = f"{ONE_THREAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
+# Every GPU job starts its workload through the guard, in WORKLOAD_ENV (one CPU thread, no
+# pre-started compile pool: rules/common.smk).
+GUARD = f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
 
 
 localrules:
