@@ -129,11 +129,13 @@ def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
 
 
 def work_seconds(record: dict[str, Any]) -> float | None:
-    """Warm-up (compilation included) plus measured steps, host clock; None without them."""
+    """Warm-up (compilation included) plus measured steps, host clock; None without them. A
+    whole-step CUDA graph (`cuda_graph: step`) compiles and captures before its warm-up
+    replays: that time (`cuda_graph_capture_s`) is warm-up too."""
     warm, steps = record.get("warmup_times_ms"), record.get("step_times_ms")
     if warm is None or not steps:
         return None
-    return (sum(warm) + sum(steps)) / 1e3
+    return (sum(warm) + sum(steps)) / 1e3 + (record.get("cuda_graph_capture_s") or 0.0)
 
 
 def _sum_ms(values: list[float] | None) -> float | None:
