@@ -24,6 +24,7 @@ results folders given (by run name) or estimated from the run's FLOPs.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import re
@@ -81,6 +82,19 @@ def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, 
         "preload": read_preloads(results / "logs"),
         "process_checks": process_checks(results, launcher),
     }
+
+
+def read_side(results: Path, runs: list[str]) -> dict[str, Any]:
+    """One side from a results folder made earlier (e.g. the published run), its jobs limited
+    to the runs matching ``runs`` (globs; calibration always counts)."""
+    jobs = [j for j in read_jobs(results)
+            if not runs or not j["run"] or any(fnmatch.fnmatchcase(j["run"], g) for g in runs)]
+    # the config's launcher: fork when any timing job was forked (captures never are)
+    launcher = "fork" if any(j.get("launcher") == "fork" for j in jobs) else "process"
+    return {"launcher": launcher, "results": str(results), "returncode": 0,
+            "wall_s": float("nan"), "jobs": jobs, "stats": overhead_stats(jobs),
+            "runs": run_spreads(results), "preload": read_preloads(results / "logs"),
+            "process_checks": process_checks(results, launcher)}
 
 
 def read_jobs(results: Path) -> list[dict[str, Any]]:
@@ -442,6 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the result JSON here")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="combine one-sided result files instead of running")
+    parser.add_argument("--read", type=Path, metavar="RESULTS",
+                        help="measure the jobs of a results folder the pipeline already made "
+                             "(its launcher from the records) instead of running")
+    parser.add_argument("--runs", nargs="+", default=[], metavar="GLOB",
+                        help="with --read: only these runs (e.g. the default config's)")
     parser.add_argument("--project", type=Path, metavar="CONFIG",
                         help="project this config's wall time from --costs")
     parser.add_argument("--costs", type=Path, help="a result JSON of this benchmark")
@@ -460,6 +479,14 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(projection, indent=2) + "\n")
         return 0
 
+    if args.read:
+        side = read_side(args.read, args.runs)
+        result = {"configfile": str(args.read), "sides": {side["launcher"]: side},
+                  "ratio": None}
+        print_report(result)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
         sides = {n: s for part in parts for n, s in part["sides"].items()}
