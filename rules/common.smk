@@ -181,11 +181,16 @@ def timing_threads() -> int:
 #   Inductor backend is first used (torch 2.11 already when Inductor is imported), also when
 #   every graph then comes from the cache, and the job waits for it at exit (13-15 s per
 #   compiled job in the published records); a cold compile still gets its parallel workers,
-#   started when it needs them. The fork servers need it too: the pool's thread would make
-#   them refuse to fork (docs/timing.md).
+#   started when it needs them;
+# - torch.cuda.is_available() answered through NVML (PYTORCH_NVML_BASED_CUDA_CHECK=1, PyTorch's
+#   switch for forking processes): Inductor and Triton ask it while they are imported, and the
+#   CUDA runtime's answer initializes the driver (cuInit, which starts a driver thread), after
+#   which a fork server must not fork. Same answer, no driver in the parent.
+# The fork servers preload in this environment too (docs/timing.md).
 WORKLOAD_ENV = " ".join([*(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")), "TORCH_WARM_POOL=0"])
+    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")), "TORCH_WARM_POOL=0",
+    "PYTORCH_NVML_BASED_CUDA_CHECK=1"])
 
 
 def gpu_job_mem_mb(wildcards, attempt) -> int:
