@@ -365,9 +365,19 @@ def preload_list() -> tuple[str, ...]:
 
 
 def preload() -> dict[str, float | str]:
-    """Import the preload list; seconds per module, or why an optional one is missing."""
+    """Import the preload list, up to the first module whose import leaves a second thread
+    (e.g. a library that initializes the CUDA driver, which starts its own thread: a fork
+    would copy the server without it). That module is found first in a forked child, so this
+    process never imports it; jobs import it and what follows it themselves. Seconds per
+    module, or why one was not preloaded."""
+    modules = preload_list()
+    bad, why = first_threading_module(modules)
     times: dict[str, float | str] = {}
-    for module in preload_list():
+    for i, module in enumerate(modules):
+        if bad is not None and i >= bad:
+            times[module] = (f"not preloaded: importing {modules[bad]} leaves a thread ({why})"
+                             if i == bad else f"not preloaded: after {modules[bad]}")
+            continue
         start = time.perf_counter()
         try:
             importlib.import_module(module)
@@ -378,6 +388,48 @@ def preload() -> dict[str, float | str]:
             continue
         times[module] = round(time.perf_counter() - start, 3)
     return times
+
+
+def first_threading_module(modules: tuple[str, ...], timeout_s: float = 300.0
+                           ) -> tuple[int | None, str | None]:
+    """(index of the first module whose import leaves this process with more than one
+    thread, what the threads are), found by importing them in order in a forked child (this
+    process, which has imported none of them, stays clean); (None, None) when none does."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import, check, report, never return
+        os.close(read_end)
+        report: dict[str, Any] = {"bad": None, "why": None}
+        try:
+            for i, module in enumerate(modules):
+                try:
+                    importlib.import_module(module)
+                except Exception:  # noqa: BLE001 - the real preload reports it
+                    pass
+                problem = threads_problem()
+                if problem:
+                    report = {"bad": i, "why": problem}
+                    break
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    deadline = time.monotonic() + timeout_s
+    with os.fdopen(read_end, "rb") as reader:
+        while time.monotonic() < deadline:
+            data = reader.read()
+            if not data:
+                break
+            chunks.append(data)
+    os.waitpid(pid, 0)
+    try:
+        report = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        report = {}
+    return report.get("bad"), report.get("why")
 
 
 def fork_safety_problem() -> str | None:
@@ -742,8 +794,10 @@ def _restore_signals() -> None:
 
 
 def run_workload(argv: list[str]) -> tuple[int, bool]:
-    """`python -m workloads ARGV` in this interpreter: (exit code, interrupted by SIGINT)."""
-    main_module = sys.modules["workloads.__main__"]
+    """`python -m workloads ARGV` in this interpreter: (exit code, interrupted by SIGINT).
+    The server preloaded the workloads unless a module before them could not be preloaded:
+    then the child imports them (and what they need) now, as a fresh process would."""
+    main_module = importlib.import_module("workloads.__main__")
     sys.argv = [main_module.__file__, *argv]
     try:
         return int(main_module.main(argv) or 0), False
