@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -371,7 +372,7 @@ def preload() -> dict[str, float | str]:
     process never imports it; jobs import it and what follows it themselves. Seconds per
     module, or why one was not preloaded."""
     modules = preload_list()
-    bad, why = first_threading_module(modules)
+    bad, why = known_threading_module(modules)
     times: dict[str, float | str] = {}
     for i, module in enumerate(modules):
         if bad is not None and i >= bad:
@@ -388,6 +389,34 @@ def preload() -> dict[str, float | str]:
             continue
         times[module] = round(time.perf_counter() - start, 3)
     return times
+
+
+# Where the servers of one invocation share what the first one found (their log folder).
+PRELOAD_VERDICT = "forkserver-preload.json"
+
+
+def known_threading_module(modules: tuple[str, ...]) -> tuple[int | None, str | None]:
+    """:func:`first_threading_module`, found once per log folder: the first server of an
+    invocation probes (one more import of the list, in a child), the others read its
+    verdict, for the same interpreter, list and import-time environment."""
+    folder = os.environ.get(ENV_LOGS)
+    key = {"python": sys.executable, "modules": list(modules),
+           "env": {k: v for k, v in sorted(os.environ.items()) if IMPORT_TIME_ENV.match(k)}}
+    path = Path(folder) / PRELOAD_VERDICT if folder else None
+    if path is not None:
+        try:
+            known = json.loads(path.read_text())
+            if known.get("key") == key:
+                return known.get("bad"), known.get("why")
+        except (OSError, ValueError):
+            pass
+    bad, why = first_threading_module(modules)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            tmp = path.with_name(f"{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"key": key, "bad": bad, "why": why}))
+            tmp.replace(path)
+    return bad, why
 
 
 def first_threading_module(modules: tuple[str, ...], timeout_s: float = 300.0

@@ -69,3 +69,29 @@ def test_server_preloads_the_clean_prefix_and_forks(tmp_path: Path) -> None:
     pid = record["process"]["parent_pid"]
     assert wait_gone(pid)
     assert PY  # the interpreter the guard and the server ran
+
+
+def test_servers_of_one_invocation_probe_once(tmp_path: Path) -> None:
+    """The first server writes its verdict into the log folder; the next ones read it (for
+    the same interpreter, preload list and environment) instead of importing everything a
+    second time."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{modules_dir(tmp_path)}",
+           forkserver.ENV_LOGS: str(logs)}
+    code = ("import json; from pipeline import forkserver as f; "
+            "print(json.dumps(f.known_threading_module(('json', 'threadstarter'))))")
+
+    def verdict() -> list:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, check=True)
+        return json.loads(done.stdout)
+
+    assert verdict()[0] == 1
+    saved = logs / forkserver.PRELOAD_VERDICT
+    record = json.loads(saved.read_text())
+    record["why"] = "read back"  # what a second probe could not say
+    saved.write_text(json.dumps(record))
+    assert verdict() == [1, "read back"]
+    env["TORCH_SOMETHING"] = "1"  # another import-time environment: probed again
+    assert verdict()[1].startswith("2 threads in the server")
