@@ -24,9 +24,6 @@ from timing_records import normal_processes, write_timing
 
 from analysis.outputs import diff
 
-# one module fixture builds both sides: its tests stay on one xdist worker
-pytestmark = pytest.mark.xdist_group("diff")
-
 H100 = REPO / "tests" / "fixtures" / "h100"
 PUBLISHED = REPO / "published" / "h100-2026-11-22"
 STEPS = "--warmup 2 --steps 8"
