@@ -84,10 +84,21 @@ def nsys(tmp_path_factory: pytest.TempPathFactory) -> str:
     return (built_once(tmp_path_factory, "nsys", install) / "path").read_text()
 
 
+def private_tmpdir(workdir: Path) -> str:
+    """A TMPDIR of the pipeline run in `workdir` alone (next to it). Nsight Systems keeps its
+    session state (session manager, agents) under $TMPDIR/nvidia, shared by every nsys of the
+    same version on the machine, the image's included: captures of tests running side by
+    side, or killed by a test, must not meet there."""
+    tmp = workdir.with_name(f"{workdir.name}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return str(tmp)
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True,
               env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory."""
-    env = {**os.environ, **(env_extra or {})}
+    """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory
+    (and a TMPDIR of its own, which Snakemake hands to its jobs)."""
+    env = {**os.environ, "TMPDIR": private_tmpdir(workdir), **(env_extra or {})}
     # Jobs run `python -m workloads/analysis` from the workdir: make the repo importable there
     # even when the project is not pip-installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -93,8 +93,9 @@ def cpu_image(apptainer) -> Path:
     return image
 
 
-def _exec(apptainer, image, *cmd, cwd=REPO, timeout=600):
-    return _run([apptainer, "exec", "--bind", str(cwd), image, *cmd], cwd=cwd, timeout=timeout)
+def _exec(apptainer, image, *cmd, cwd=REPO, timeout=600, env=None):
+    return _run([apptainer, "exec", "--bind", str(cwd), image, *cmd], cwd=cwd, timeout=timeout,
+                env=env)
 
 
 def test_image_provenance(apptainer, cpu_image):
@@ -175,6 +176,7 @@ def test_nsys_capture_inside_image(apptainer, cpu_image, tmp_path):
         "-c",
         code,
         cwd=tmp_path,
+        env={"TMPDIR": str(tmp_path)},  # nsys' session state of this capture alone
     )
     assert _nvtx_ranges(tmp_path / "probe.sqlite")["probe_range"] == 3
     stats = _exec(
