@@ -228,8 +228,16 @@ def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/times.json"))
 
 
-def test_pipeline_jobs_ran_in_the_image(container_smoke, smoke_workdir):
+def host_smoke(request: pytest.FixtureRequest) -> Path:
+    """conftest's smoke_workdir, asked for once the container run is there: a session fixture
+    in the signature would be made first, and this worker would wait for (or make) the host
+    run before starting the container's."""
+    return request.getfixturevalue("smoke_workdir")
+
+
+def test_pipeline_jobs_ran_in_the_image(container_smoke, request):
     workdir, log = container_smoke
+    smoke_workdir = host_smoke(request)
     assert "build_container" in log
     runs = _run_dirs(workdir / _results_dir())
     assert runs, f"no <run>/times.json under {workdir / _results_dir()}"
@@ -243,9 +251,9 @@ def test_pipeline_jobs_ran_in_the_image(container_smoke, smoke_workdir):
         assert prov["environment"] == "host", run.name
 
 
-def test_pipeline_outputs_match_host_run(container_smoke, smoke_workdir):
+def test_pipeline_outputs_match_host_run(container_smoke, request):
     ctr = container_smoke[0] / _results_dir()
-    host = smoke_workdir / _results_dir()
+    host = host_smoke(request) / _results_dir()
     # The image's build log exists only where the image was built.
     assert _files(ctr) - {"logs/build_container-cpu.log"} == _files(host)
     assert [p.name for p in _run_dirs(ctr)] == [p.name for p in _run_dirs(host)]
@@ -266,7 +274,8 @@ def test_pipeline_outputs_match_host_run(container_smoke, smoke_workdir):
         assert columns[0] == columns[1], rel
 
 
-def test_summary_provenance_columns(container_smoke, smoke_workdir):
+def test_summary_provenance_columns(container_smoke, request):
+    smoke_workdir = host_smoke(request)
     with open(container_smoke[0] / _results_dir() / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows
