@@ -20,8 +20,9 @@ SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 # `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a
 # file's module fixtures are made once), in collection order. The files that take longest
 # come first: the image build and the pipeline run inside it start at once on one worker
-# while the other runs the Slurm cluster, then the files that read the smoke run.
-FIRST_FILES = ("test_container.py", "test_slurm.py", "test_pipeline.py", "test_resume.py",
+# while the other makes the host smoke run (test_pipeline.py), which the container tests
+# compare with, then starts the Slurm cluster (mostly waiting on its status checks).
+FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_resume.py",
                "test_diff.py")
 
 
