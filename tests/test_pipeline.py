@@ -150,11 +150,10 @@ def test_ladder_table_has_every_rung_and_its_gain(smoke_workdir: Path) -> None:
 def test_every_finding_cites_a_number_that_is_in_its_csv(smoke_workdir: Path) -> None:
     out = results(smoke_workdir)
     findings = pd.read_csv(out / "findings.csv")
-    # Without a GPU only the timing rules can fire, on whichever runs this machine's noise
-    # made unstable or slow to trace: the findings must name exactly the runs whose summary
-    # cells say so (not a number of findings, which the noise decides).
+    # Without a GPU the rules that fire are mostly the timing ones, on whichever runs this
+    # machine's noise made unstable or slow to trace: those findings must name exactly the
+    # runs whose summary cells say so (not a number of findings, which the noise decides).
     summary = pd.read_csv(out / "summary.csv").set_index("run")
-    assert set(findings["rule"]) <= {"unstable_timing", "high_profiler_overhead"}
     unstable = summary.index[summary["unstable"].astype(str).str.lower() == "true"]
     assert set(findings.loc[findings["rule"] == "unstable_timing", "run"]) == set(unstable)
     traced_slow = summary.index[summary["profiler_overhead"] > HIGH_OVERHEAD]
