@@ -220,8 +220,13 @@ def container_smoke(cpu_image, apptainer, tmp_path_factory):
     return workdir, done.stderr
 
 
+# torch's TORCH_TRACE logs of compiled runs are named by tempfile: the same log, another name
+TORCH_TRACE_LOG = re.compile(r"dedicated_log_torch_trace_\w+\.log$")
+
+
 def _files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    return {TORCH_TRACE_LOG.sub("dedicated_log_torch_trace_*.log", str(p.relative_to(root)))
+            for p in root.rglob("*") if p.is_file()}
 
 
 def _run_dirs(root: Path) -> list[Path]:
