@@ -22,8 +22,9 @@ SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 # come first: the image build and the pipeline run inside it start at once on one worker
 # while the other makes the host smoke run (test_pipeline.py), which the container tests
 # compare with, then starts the Slurm cluster (mostly waiting on its status checks).
-FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_resume.py",
-               "test_diff.py")
+FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_distributed.py",
+               "test_resume.py", "test_resume_anywhere.py", "test_diff.py", "test_workloads.py",
+               "test_launch.py", "test_forkserver.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
