@@ -34,9 +34,13 @@ smoke: setup
 	$(SNAKEMAKE) --cores 2 --configfile tests/smoke.yaml
 	$(SNAKEMAKE) --configfile tests/smoke.yaml --report results/smoke/report.html
 
+# Two pytest-xdist workers (CI has 2 cores), each test file whole on one of them: the image
+# build and the pipeline run inside it start first on one, the Slurm cluster and the rest run
+# on the other (tests/conftest.py orders the files). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup
 	scripts/install-test-deps.sh
-	$(PY) -m pytest -v --durations=15
+	$(PY) -m pytest -v --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(VENV)/bin/ruff check .

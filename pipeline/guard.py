@@ -22,6 +22,10 @@ a process. RESULT.json ends up with a ``status``:
   succeeded but an --expect file is missing, empty, or (``*.sqlite``) not a complete nsys
   export.
 
+A command that fails the way nsys does when it loses its own agent while a session starts
+(exit 1 within seconds, no record written, "Connection to Agent lost" or "End of file") is
+started once more before it is judged: nothing of the run existed yet.
+
 Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
 errors; 128+N when the guard itself got signal N (SIGINT/SIGTERM/SIGHUP): the signal goes to
 the command's group, and no RESULT.json is left, so Snakemake sees an incomplete job and
@@ -63,6 +67,12 @@ OOM_OUTPUT = re.compile(
     r"|\bKilled\b|signal 9\b|SIGKILL",
     re.IGNORECASE,
 )
+# Nsight Systems (2024.2 here) now and then loses its own agent while a session starts, on a
+# busy machine: it exits 1 within a fraction of a second, before the workload ran, saying one
+# of these. Nothing of the run exists yet, so the guard starts the command once more.
+NSYS_START_FAILURE = re.compile(r"Connection to Agent lost|^End of file$")
+START_FAILURE_MAX_S = 5.0
+START_RETRIES = 1
 # Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
 NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -471,14 +481,28 @@ def _install_stop_handlers() -> None:
         signal.signal(signum, handle)
 
 
+def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
+    """nsys lost its agent while the session started: quick exit 1, no record of the run."""
+    return (outcome.returncode == 1 and not outcome.timed_out and own is None
+            and outcome.elapsed_s < START_FAILURE_MAX_S
+            and any(NSYS_START_FAILURE.search(line.strip()) for line in outcome.tail))
+
+
 def guarded_result(args: argparse.Namespace, running: list[Proc]) -> dict[str, Any]:
-    """Run the command and judge it."""
-    try:
-        outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running, args.fork_slot)
-    except OSError as e:  # not found, not executable: still a result
-        return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
-                "returncode": None, "elapsed_s": 0.0}
-    result = judge(outcome, _read_own_result(args.out), args.timeout_s)
+    """Run the command (again after a start-up failure of nsys) and judge it."""
+    for attempt in range(START_RETRIES + 1):
+        try:
+            outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running,
+                                  args.fork_slot)
+        except OSError as e:  # not found, not executable: still a result
+            return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
+                    "returncode": None, "elapsed_s": 0.0}
+        own = _read_own_result(args.out)
+        if attempt == START_RETRIES or not failed_to_start(outcome, own):
+            break
+        print("guard: nsys lost its agent while starting (a known transient of nsys); "
+              "starting the command again", file=sys.stderr)
+    result = judge(outcome, own, args.timeout_s)
     if result["status"] == "ok":
         problem = check_expected(args.expect, Path(args.cmd[0]).name)
         if problem:

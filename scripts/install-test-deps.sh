@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System tools the tests drive for real: headless Chromium (the HTML report), debootstrap and
-# friends (the Apptainer image build), and Nsight Systems (the profiles; cached, no root).
+# friends (the Apptainer image build), Nsight Systems (the profiles; cached, no root) and a
+# Slurm cluster's packages (tests/test_slurm.py; scripts/slurm-local.sh install).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 missing=()
@@ -20,4 +21,6 @@ if [ ${#missing[@]} -gt 0 ]; then
       uidmap fuse2fs squashfuse >/dev/null
 fi
 "$here/install-nsys.sh" >/dev/null
-echo "install-test-deps: chromium, debootstrap and nsys are ready"
+# A single-node Slurm cluster for tests/test_slurm.py (Slurm, munge, MariaDB; apt as above).
+"$here/slurm-local.sh" install >/dev/null
+echo "install-test-deps: chromium, debootstrap, nsys and Slurm are ready"

@@ -1,10 +1,15 @@
-"""Shared test fixtures: the real tools the end-to-end tests drive (nsys, snakemake)."""
+"""Shared test fixtures: the real tools the end-to-end tests drive (nsys, snakemake), and what
+is expensive to make, made once per test run (also under pytest-xdist, where each worker is a
+process of its own with its own session fixtures)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,25 +17,90 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 
+# `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a
+# file's module fixtures are made once), in collection order. The files that take longest
+# come first: the image build and the pipeline run inside it start at once on one worker
+# while the other makes the host smoke run (test_pipeline.py), which the container tests
+# compare with, then starts the Slurm cluster (mostly waiting on its status checks).
+FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_distributed.py",
+               "test_resume.py", "test_resume_anywhere.py", "test_diff.py", "test_workloads.py",
+               "test_launch.py", "test_forkserver.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, the rest in their usual order."""
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return FIRST_FILES.index(name) if name in FIRST_FILES else len(FIRST_FILES)
+
+    items.sort(key=rank)  # stable: the collection order within each rank
+
+
+def shared_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test run's temporary folder, the same for every xdist worker (each worker has its
+    own base folder below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], object]) -> Path:
+    """The folder `name`, made by `build(folder)` once per test run: the first worker to ask
+    builds it under a file lock, the others wait for it and share it. A failed build is
+    reported to every worker that asks, not attempted again."""
+    root = shared_tmp(tmp_path_factory)
+    folder, done, failed = root / name, root / f"{name}.done", root / f"{name}.failed"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if failed.exists():
+            pytest.fail(f"{name}: built by another worker, and that failed:\n"
+                        f"{failed.read_text()}", pytrace=False)
+        if not done.exists():
+            folder.mkdir()
+            try:
+                build(folder)
+            except BaseException as err:
+                failed.write_text(str(err)[-6000:])
+                raise
+            done.touch()
+    return folder
+
 
 @pytest.fixture(scope="session")
-def nsys() -> str:
+def nsys(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Path of a working nsys: PATH's, else the project's cached Debian install (installed
     on first use by scripts/install-nsys.sh, exactly as the pipeline does)."""
-    done = subprocess.run(
-        [str(REPO / "scripts" / "install-nsys.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, f"scripts/install-nsys.sh failed:\n{done.stderr}"
-    return done.stdout.strip().splitlines()[-1]
+
+    def install(folder: Path) -> None:
+        done = subprocess.run(
+            [str(REPO / "scripts" / "install-nsys.sh")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, f"scripts/install-nsys.sh failed:\n{done.stderr}"
+        (folder / "path").write_text(done.stdout.strip().splitlines()[-1])
+
+    # once per test run: two workers must not install into the same cache at once
+    return (built_once(tmp_path_factory, "nsys", install) / "path").read_text()
+
+
+def private_tmpdir(workdir: Path) -> str:
+    """A TMPDIR of the pipeline run in `workdir` alone (next to it). Nsight Systems keeps its
+    session state (session manager, agents) under $TMPDIR/nvidia, shared by every nsys of the
+    same version on the machine, the image's included: captures of tests running side by
+    side, or killed by a test, must not meet there."""
+    tmp = workdir.with_name(f"{workdir.name}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return str(tmp)
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True,
               env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory."""
-    env = {**os.environ, **(env_extra or {})}
+    """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory
+    (and a TMPDIR of its own, which Snakemake hands to its jobs)."""
+    env = {**os.environ, "TMPDIR": private_tmpdir(workdir), **(env_extra or {})}
     # Jobs run `python -m workloads/analysis` from the workdir: make the repo importable there
     # even when the project is not pip-installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -55,7 +125,17 @@ def snakemake(workdir: Path, *args: str, check: bool = True,
 
 @pytest.fixture(scope="session")
 def smoke_workdir(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
-    """A complete CPU smoke pipeline run (real nsys, real Snakemake), shared by the tests."""
-    workdir = tmp_path_factory.mktemp("smoke")
-    snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG))
-    return workdir
+    """A complete CPU smoke pipeline run (real nsys, real Snakemake), made once per test run
+    and shared by every test that reads it, on every xdist worker. Read only: a test that
+    runs jobs in it, deletes or adds files works on its own `smoke_copy`."""
+    return built_once(tmp_path_factory, "smoke", lambda workdir: snakemake(
+        workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG)))
+
+
+@pytest.fixture()
+def smoke_copy(smoke_workdir: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the smoke run (files, timestamps and Snakemake's records), to
+    rerun, edit or delete in."""
+    copy = tmp_path / "smoke"
+    shutil.copytree(smoke_workdir, copy, symlinks=True)
+    return copy

@@ -1,14 +1,16 @@
 """`python -m analysis diff OLD NEW`: run matching, verdicts, explanations, layouts, exit code.
 
-Results folders are built from real pieces: step times from real `python -m workloads`
-processes on this CPU, stats from real H100 exports (tests/fixtures/h100) analysed by
-`python -m analysis all`. The acceptance test (marked slow) diffs two real pipeline runs.
+Results folders are built from real pieces: timing records with known step-time
+distributions (tests/timing_records.py: the workloads' own record code, step times drawn
+with a fixed seed, so every verdict below follows from the distributions, never from this
+CPU's noise), stats from real H100 exports (tests/fixtures/h100) analysed by `python -m
+analysis all`. The acceptance test (marked slow) diffs two real pipeline runs of the sleep
+workload, whose step times differ eightfold by construction.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,24 +20,21 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, snakemake
+from timing_records import normal_processes, write_timing
 
 from analysis.outputs import diff
 
 H100 = REPO / "tests" / "fixtures" / "h100"
 PUBLISHED = REPO / "published" / "h100-2026-11-22"
-# attention workload: naive is several times slower than SDPA at seq 512 on a CPU
-ATTENTION = ["attention", "--batch", "2", "--seq", "512", "--embed", "64", "--heads", "2",
-             "--mode", "forward"]
-GPT = ["gpt", "--size", "tiny", "--mode", "forward", "--context", "32", "--batch", "2"]
-STEPS = ["--warmup", "2", "--steps", "8", "--device", "cpu"]
-
-
-def workload(args: list[str], out: Path) -> subprocess.Popen:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # one thread each: a fixed amount of CPU per step, whatever the machine
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "workloads", *args, *STEPS, "--out", str(out)],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+STEPS = "--warmup 2 --steps 8"
+ATTENTION = f"attention --batch 2 --seq 512 --embed 64 --heads 2 --mode forward {STEPS}"
+GPT = f"gpt --size tiny --mode forward --context 32 --batch 2 {STEPS}"
+PROCESSES = 2
+# Step-time distributions, N(mean, sd) in ms: attention 4x faster with SDPA (far beyond the
+# 20% threshold, the CIs of 2 x 8 steps at 2% sd nowhere near 1), GPT unchanged (both sides
+# drawn from one distribution).
+ATTENTION_MS = {"naive": (40.0, 0.8), "sdpa": (10.0, 0.2)}
+GPT_MS = (20.0, 0.4)
 
 
 def analyse(export: Path, stats: Path) -> None:
@@ -51,34 +50,28 @@ def analyse(export: Path, stats: Path) -> None:
             pd.DataFrame(phase_table(ex)).to_csv(stats / "phase_gpu_time.csv", index=False)
 
 
-def time_sides(sides: dict[Path, str]) -> None:
-    """Two untraced timing processes per run and side ({side root: attention impl}). One at
-    a time (timings that share the CPU are noise), the sides taking turns, so a drift of the
-    machine's speed (a shared CI host) reaches both sides alike instead of reading as a change."""
-    for run in ("attn", "gpt"):
-        for i in range(2):
-            for root, impl in sides.items():
-                args = [*ATTENTION, "--impl", impl] if run == "attn" else GPT
-                p = workload(args, root / run / "timing" / f"r{i}.json")
-                assert p.wait() == 0, p.stderr.read().decode()[-2000:]
-
-
-def finish_side(root: Path, attention_export: str) -> None:
-    """The traced times.json and real stats of both runs."""
-    for run in ("attn", "gpt"):
+def build_side(root: Path, impl: str, seed: int, attention_stats: Path, gpt_stats: Path) -> None:
+    """Two untraced processes per run, the traced times.json (the first process's record, as
+    a capture of the same steps would be) and the real stats of both runs."""
+    write_timing(root / "attn", f"{ATTENTION} --impl {impl}",
+                 normal_processes(seed, *ATTENTION_MS[impl], PROCESSES, 8))
+    write_timing(root / "gpt", GPT, normal_processes(seed + 1, *GPT_MS, PROCESSES, 8))
+    for run, stats in (("attn", attention_stats), ("gpt", gpt_stats)):
         shutil.copy(root / run / "timing" / "r0.json", root / run / "times.json")
-    analyse(H100 / f"{attention_export}.sqlite", root / "attn" / "stats")
-    analyse(H100 / "gpt_small_train_fp32_ctx512.sqlite", root / "gpt" / "stats")
+        shutil.copytree(stats, root / run / "stats")
 
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """OLD: attention naive; NEW: attention SDPA; the GPT run unchanged."""
     base = tmp_path_factory.mktemp("diff")
+    stats = {name: base / "stats" / name for name in ("naive", "sdpa", "gpt")}
+    analyse(H100 / "attention_naive_b32_s100_e256.sqlite", stats["naive"])
+    analyse(H100 / "attention_sdpa_b32_s1000_e256.sqlite", stats["sdpa"])
+    analyse(H100 / "gpt_small_train_fp32_ctx512.sqlite", stats["gpt"])
     old, new = base / "old", base / "new"
-    time_sides({old: "naive", new: "sdpa"})
-    finish_side(old, "attention_naive_b32_s100_e256")
-    finish_side(new, "attention_sdpa_b32_s1000_e256")
+    build_side(old, "naive", 1, stats["naive"], stats["gpt"])
+    build_side(new, "sdpa", 11, stats["sdpa"], stats["gpt"])
     return old, new
 
 
@@ -88,6 +81,7 @@ def test_changed_run_faster_unchanged_same(sides: tuple[Path, Path], tmp_path: P
     runs = pd.read_csv(tmp_path / "runs.csv").set_index("run")
     assert runs.loc["attn", "verdict"] == "faster"
     assert runs.loc["attn", "speedup_ci_low"] > 1
+    assert runs.loc["attn", "speedup"] == pytest.approx(4.0, rel=0.05)  # 40 ms / 10 ms
     assert runs.loc["attn", "params_changed"] == "impl: naive->sdpa"
     assert runs.loc["attn", "old_timing_source"] == "untraced"
     assert runs.loc["attn", "old_processes"] == 2
@@ -155,9 +149,9 @@ def test_runs_only_on_one_side_and_traced_fallback(sides: tuple[Path, Path],
     runs = pd.read_csv(out / "runs.csv").set_index("run")
     assert runs.loc["attn", "old_timing_source"] == "traced"
     assert runs.loc["attn", "new_timing_source"] == "untraced"
-    # one traced CPU process against untraced ones: the direction holds (naive is slower),
-    # significance depends on the CPU's noise
-    assert runs.loc["attn", "speedup"] > 1 and runs.loc["attn", "verdict"] != "slower"
+    # one traced process (8 steps at 40 ms) against two untraced ones at 10 ms: still faster
+    assert runs.loc["attn", "verdict"] == "faster" and runs.loc["attn", "speedup_ci_low"] > 1
+    assert runs.loc["attn", "old_processes"] == 1
     assert runs.loc["gone", "presence"] == "old_only"
     assert runs.loc["gpt", "presence"] == "new_only"
     text = (out / "summary.md").read_text()
@@ -206,51 +200,61 @@ def test_published_layout_merges_sub_folders(tmp_path: Path) -> None:
 
 
 # --- acceptance: two real pipeline runs with one change ----------------------------------------
+# The sleep workload makes the change certain: every step of `step` sleeps 80 ms on the old
+# side and 10 ms on the new one (the new side's steps would have to wake up 70 ms late to
+# reverse it); `steady` sleeps 50 ms on both, and at a 100% threshold (a factor of 2) it could
+# only be called faster or slower if most steps of one side woke up 50 ms late.
+PIPELINE_RUNS = ["step", "steady"]
+PIPELINE_REPEATS = 2
 
 
-def smoke_config(impl: str) -> dict:
+def pipeline_config(step_ms: float) -> dict:
     return {
         "results": "results",
-        "timing": {"repeats": 3},
+        "timing": {"repeats": PIPELINE_REPEATS},
         "calibrate": False,
-        "defaults": {"device": "auto", "dtype": "fp32", "warmup": 2, "steps": 10, "seed": 0},
+        "defaults": {"device": "auto", "warmup": 1, "steps": 5, "seed": 0},
         "runs": {
-            "attn": {"workload": "attention", "impl": impl, "batch": 2, "seq": 256,
-                     "embed": 64, "heads": 2, "mode": "forward"},
-            "gpt": {"workload": "gpt", "size": "tiny", "mode": "forward", "context": 32,
-                    "batch": 2},
+            "step": {"workload": "sleep", "step_ms": step_ms},
+            "steady": {"workload": "sleep", "step_ms": 50, "profile": False},
         },
         "container": {"variant": "cpu"},
     }
 
 
+def pipeline_targets() -> list[str]:
+    """What the diff reads: the timing records, the capture's stats (its times.json too)."""
+    targets = ["results/plan.json", "results/step/stats/metrics.json"]
+    return targets + [f"results/{run}/timing/r{i}.json" for run in PIPELINE_RUNS
+                      for i in range(PIPELINE_REPEATS)]
+
+
 @pytest.mark.slow
 def test_pipeline_runs_differ_in_one_run(tmp_path: Path, nsys: str) -> None:
-    """OLD runs attention naive, NEW SDPA: attn is faster (CI above 1), gpt is `same`, and the
-    NVTX range that explains the change is the attention core."""
+    """OLD sleeps 80 ms per step, NEW 10 ms: `step` is faster (CI above 1), `steady` is
+    `same`, and the NVTX range that explains the change is the one around the sleep."""
     results = {}
-    for side, impl in (("old", "naive"), ("new", "sdpa")):
+    for side, step_ms in (("old", 80), ("new", 10)):
         config = tmp_path / f"{side}.yaml"
-        config.write_text(yaml.safe_dump(smoke_config(impl)))
-        snakemake(tmp_path / side, "--cores", "2", "--configfile", str(config))
+        config.write_text(yaml.safe_dump(pipeline_config(step_ms)))
+        snakemake(tmp_path / side, *pipeline_targets(), "--cores", "2",
+                  "--configfile", str(config))
         results[side] = tmp_path / side / "results"
     out = tmp_path / "diff"
     assert diff.write_diff(results["old"], results["new"], out, fail_on_slower=10,
-                           threshold_pct=20) == 0
+                           threshold_pct=100) == 0
     runs = pd.read_csv(out / "runs.csv").set_index("run")
-    assert runs.loc["attn", "verdict"] == "faster" and runs.loc["attn", "speedup_ci_low"] > 1
-    assert runs.loc["attn", "old_processes"] == 3
-    assert runs.loc["gpt", "verdict"] == "same"
+    assert runs.loc["step", "verdict"] == "faster" and runs.loc["step", "speedup_ci_low"] > 1
+    assert runs.loc["step", "params_changed"] == "step_ms: 80.0->10.0"
+    assert runs.loc["step", "old_processes"] == PIPELINE_REPEATS
+    assert runs.loc["steady", "verdict"] == "same" and pd.isna(runs.loc["steady", "params_changed"])
     ranges = pd.read_csv(out / "ranges.csv")
-    ranges = ranges[ranges["run"] == "attn"]
-    # the attention core is what changed: naive's ranges (scores, softmax, final matmul) are
-    # gone and SDPA's is new; the top explaining range is one of them, not a layer or step range
-    core = {"scaled_dot_product_attention", "computing attention scores", "computing softmax",
-            "final matmul"}
-    assert diff.top_range(ranges.rename(columns={"range": "key"})) in core
-    assert "scaled_dot_product_attention" in set(ranges["range"])
+    assert set(ranges["run"]) == {"step"}  # the unchanged run is not explained
+    ranges = ranges.rename(columns={"range": "key"})
+    assert diff.top_range(ranges) == "sleep"
+    assert ranges.set_index("key").loc["sleep", "delta_ms_per_step"] < 0
     assert diff.write_diff(results["new"], results["old"], out / "reverse",
-                           fail_on_slower=10, threshold_pct=20) == 1
+                           fail_on_slower=10, threshold_pct=100) == 1
 
 
 def test_pair_compares_renamed_runs() -> None:

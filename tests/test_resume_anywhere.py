@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, private_tmpdir
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def checkout(dest: Path) -> Path:
 
 
 def run(tree: Path, config: Path, *args: str) -> str:
-    env = {**os.environ, **GIT_ENV, "PYTHONPATH": str(tree)}
+    env = {**os.environ, **GIT_ENV, "PYTHONPATH": str(tree), "TMPDIR": private_tmpdir(tree)}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile",
                            str(tree / "Snakefile"), "--directory", str(tree), *args,

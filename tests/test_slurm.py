@@ -2,8 +2,9 @@
 real single-node Slurm cluster (scripts/slurm-local.sh: munged, MariaDB, slurmdbd, slurmctld,
 slurmd), and one GPU shared safely by `--cores 4` on one machine.
 
-Needs root and Debian's packages (the fixture installs them: slurm-wlm, slurmdbd, munge,
-mariadb-server); run alone with `python -m pytest tests/test_slurm.py`."""
+Needs root and Debian's packages (slurm-wlm, slurmdbd, munge, mariadb-server:
+scripts/install-test-deps.sh installs them, and the fixture does when they are missing); run
+alone with `python -m pytest tests/test_slurm.py`."""
 
 from __future__ import annotations
 

@@ -262,7 +262,8 @@ def profile_nvtx(nsys: str, tmp_path: Path, *workload_args: str) -> list[tuple[s
     )
     cmd = [nsys, *nsys_args.split(), "-o", str(report), sys.executable, "-m"]
     cmd += ["workloads", *workload_args, "--device", "cpu"]
-    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+    # TMPDIR: nsys' session state of this capture alone (tests/conftest.py private_tmpdir)
+    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0", "TMPDIR": str(tmp_path)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with closing(sqlite3.connect(report.with_suffix(".sqlite"))) as db:

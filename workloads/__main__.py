@@ -1,4 +1,4 @@
-"""Command line: ``python -m workloads {attention,attention_core,gpt,calibrate} ...``.
+"""Command line: ``python -m workloads {attention,attention_core,gpt,sleep,calibrate} ...``.
 
 Each workload run writes a timings JSON (``--out``, also on failure, with a ``status``) and
 prints one summary line. Exit codes: 0 ok, 1 error, 2 usage, 3 oom, 4 unsupported.
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, parallel, process_state
+from workloads import calibrate, flops, parallel, process_state, sleep
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
@@ -48,7 +48,7 @@ from workloads.steps import (
     build_gpt,
 )
 
-WORKLOADS = ("attention", "attention_core", "gpt")
+WORKLOADS = ("attention", "attention_core", "gpt", "sleep")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(gpt, "bucket_cap_mb", type=float, default=25.0, help="DDP gradient bucket size")
     _flag(gpt, "reshard_after_forward", type=_boolean, default=True, help="FSDP: true/false")
 
-    for p in (attention, core, gpt):
+    sleeper = sub.add_parser("sleep", help="a step that sleeps --step-ms: a known step time")
+    sleep.add_arguments(sleeper, _flag)
+
+    for p in (attention, core, gpt, sleeper):
         _flag(p, "dtype", choices=DTYPES, default="fp32")
         _flag(p, "compile", choices=COMPILE_MODES, default="off")
         _flag(p, "cuda_graph", choices=CUDA_GRAPH_MODES, default="off",
@@ -285,6 +288,8 @@ RESULT_TIMING_KEYS = (
 
 def build_workload(args: argparse.Namespace, device: torch.device,
                    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> Workload:
+    if args.workload == "sleep":
+        return sleep.build(args)
     speed = Speed(
         compile=args.compile,
         sdpa_backend=args.sdpa_backend,
@@ -351,6 +356,8 @@ def summary_line(result: dict[str, Any]) -> str:
         variant = f"gpt {p['size']} {p['attention']}"
     elif result["workload"] == "attention":
         variant = f"attention {p['impl']} h={p['heads']}"
+    elif result["workload"] == "sleep":
+        variant = sleep.variant(p)
     else:
         variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
     if p["compile"] != "off":

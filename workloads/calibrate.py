@@ -63,7 +63,11 @@ def calibrate(device: torch.device, dtypes: list[str], refresh: bool = False) ->
         "provenance": provenance(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    # Written aside, then renamed: a pipeline running beside this one (the test suite runs
+    # several at once) reads the old file or the new one, never half of one.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(partial, path)
     return result
 
 

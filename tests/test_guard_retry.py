@@ -1,0 +1,67 @@
+"""The guard starts a command once more when it failed the way nsys does when it loses its own
+agent while a session starts (exit 1 at once, nothing recorded, "Connection to Agent lost" or
+"End of file"); any other failure, or that one twice, is judged as it is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT_LOST = ("Connection to Agent lost. This is most likely a bug. Internal reason: "
+              "'Connection reset by peer'.")
+
+
+def command(tmp_path: Path, failures: int, message: str, record_first: bool = False) -> list[str]:
+    """A command that fails `failures` times printing `message` (exit 1), then writes an ok
+    record; every start is counted in tmp_path/starts."""
+    code = f"""
+import json, pathlib, sys
+starts = pathlib.Path({str(tmp_path / "starts")!r})
+n = int(starts.read_text()) + 1 if starts.exists() else 1
+starts.write_text(str(n))
+out = pathlib.Path({str(tmp_path / "result.json")!r})
+if n <= {failures}:
+    if {record_first!r}:
+        out.write_text(json.dumps({{"status": "ok"}}))
+    print({message!r}, file=sys.stderr)
+    sys.exit(1)
+out.write_text(json.dumps({{"status": "ok", "step_ms": [1.0]}}))
+"""
+    return [sys.executable, "-c", code]
+
+
+def guard(tmp_path: Path, cmd: list[str]) -> tuple[dict, str, int]:
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-m", "pipeline.guard", "--out", str(out), "--run",
+                           "r", "--", *cmd], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text()), done.stderr, int((tmp_path / "starts").read_text())
+
+
+@pytest.mark.parametrize("message", [AGENT_LOST, "End of file"])
+def test_nsys_losing_its_agent_at_start_is_started_again(tmp_path: Path, message: str) -> None:
+    result, log, starts = guard(tmp_path, command(tmp_path, 1, message))
+    assert starts == 2 and result["status"] == "ok" and result["step_ms"] == [1.0]
+    assert "starting the command again" in log
+
+
+def test_the_same_failure_twice_is_the_result(tmp_path: Path) -> None:
+    result, _, starts = guard(tmp_path, command(tmp_path, 5, AGENT_LOST))
+    assert starts == 2
+    assert result["status"] == "error" and "Connection to Agent lost" in result["message"]
+
+
+@pytest.mark.parametrize(("message", "record_first"), [
+    ("Traceback: something else went wrong", False),  # another failure
+    (AGENT_LOST, True),  # the run had started: it wrote its record
+])
+def test_other_failures_are_not_retried(tmp_path: Path, message: str, record_first: bool) -> None:
+    result, log, starts = guard(tmp_path, command(tmp_path, 1, message, record_first))
+    assert starts == 1 and result["status"] == "error"
+    assert "starting the command again" not in log
