@@ -96,6 +96,18 @@ def private_tmpdir(workdir: Path) -> str:
     return str(tmp)
 
 
+def copy_checkout(dest: Path, skip: tuple[str, ...] = ("tests/fixtures/", "published/")) -> Path:
+    """This working tree's files (what a clone of this commit has, uncommitted changes
+    included) copied to ``dest``, without the paths starting with ``skip``."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        if (REPO / name).is_file() and not name.startswith(skip):
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    return dest
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True,
               env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real Snakemake CLI on the repo's workflow with `workdir` as working directory

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SMOKE_CONFIG, snakemake
+from conftest import REPO, SMOKE_CONFIG, copy_checkout, snakemake
 
 
 def broken(tmp_path: Path, edit) -> Path:
@@ -99,13 +99,7 @@ def test_pipeline_installs_nsys_when_none_is_found(tmp_path: Path) -> None:
 
 def _copy_with_git(tmp_path: Path) -> tuple[Path, str, str]:
     """The workflow copied into a fresh git repository with two commits; (copy, first, HEAD)."""
-    copy = tmp_path / "copy"
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        if (REPO / name).is_file() and not name.startswith(("tests/fixtures/", "published/")):
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, copy / name)
+    copy = copy_checkout(tmp_path / "copy")
     git = ["git", "-C", str(copy), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)

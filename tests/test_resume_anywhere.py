@@ -8,7 +8,6 @@ folders, each with its own .snakemake (none is copied along)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, private_tmpdir
+from conftest import copy_checkout, private_tmpdir
 
 pytestmark = pytest.mark.slow
 
@@ -46,15 +45,8 @@ GIT_ENV = {"PROFBENCH_GIT_COMMIT": "0" * 40, "PROFBENCH_GIT_DIRTY": "0"}
 
 
 def checkout(dest: Path) -> Path:
-    """This working tree's files (what a clone of this commit has), without test fixtures
-    and published results."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        if (REPO / name).is_file() and not name.startswith(("tests/", "published/")):
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
-    return dest
+    """A fresh checkout of this commit (without tests and published results)."""
+    return copy_checkout(dest, skip=("tests/", "published/"))
 
 
 def run(tree: Path, config: Path, *args: str) -> str:
@@ -109,9 +101,9 @@ def test_partial_results_finish_elsewhere_without_recomputing(
     assert captures == (["profile.sqlite"] * 2 if keep_captures else [])
 
     copy_without_captures(a / RESULTS, b, tmp_path / "results.tar")
-    # every file but the fork servers' logs, which each invocation appends to
+    # every file but the fork servers' logs and verdict, which each invocation writes to
     finished = {p: p.stat().st_mtime_ns for p in (b / RESULTS).rglob("*")
-                if p.is_file() and not p.name.startswith("forkserver.")}
+                if p.is_file() and not p.name.startswith("forkserver")}
     log = run(b, config, "--cores", "2")
     jobs = executed_jobs(log)
     for rule in ("profile", "time_run", "run_stats"):

@@ -369,14 +369,21 @@ def low_occupancy_kernel(ctx: Context, run: str) -> Iterator[Finding]:
             return
 
 
+def _overhead_finding(ctx: Context, run: str, rule: str, column: str, threshold: float,
+                      what: str, fix: str) -> Iterator[Finding]:
+    """An info finding when the summary's overhead `column` is above `threshold`."""
+    overhead = ctx.cell(run, column)
+    if overhead is not None and overhead > threshold:
+        yield _summary_finding(ctx, run, rule, column, threshold,
+                               f"{what} by {overhead:.0%}", fix, "info")
+
+
 def high_profiler_overhead(ctx: Context, run: str) -> Iterator[Finding]:
     """The traced step is much slower than the untraced one: its timeline is distorted."""
-    overhead = ctx.cell(run, "profiler_overhead")
-    if overhead is not None and overhead > HIGH_OVERHEAD:
-        yield _summary_finding(
-            ctx, run, "high_profiler_overhead", "profiler_overhead", HIGH_OVERHEAD,
-            f"tracing slowed the step by {overhead:.0%}",
-            "read gaps in this capture with care; the published step time is untraced", "info")
+    yield from _overhead_finding(
+        ctx, run, "high_profiler_overhead", "profiler_overhead", HIGH_OVERHEAD,
+        "tracing slowed the step",
+        "read gaps in this capture with care; the published step time is untraced")
 
 
 def unstable_timing(ctx: Context, run: str) -> Iterator[Finding]:
@@ -456,13 +463,11 @@ def optimizer_at_roofline(ctx: Context, run: str) -> Iterator[Finding]:
 
 def high_op_overhead(ctx: Context, run: str) -> Iterator[Finding]:
     """The op ranges slowed the op capture's step: its CPU columns are inflated."""
-    overhead = ctx.cell(run, "ops_overhead")
-    if overhead is not None and overhead > HIGH_OP_OVERHEAD:
-        yield _summary_finding(
-            ctx, run, "high_op_overhead", "ops_overhead", HIGH_OP_OVERHEAD,
-            f"the op ranges slowed the traced step by {overhead:.0%}",
-            "read ops.csv's CPU columns with care (the ranges cost host time); its GPU "
-            "columns are kernel times and hold", "info")
+    yield from _overhead_finding(
+        ctx, run, "high_op_overhead", "ops_overhead", HIGH_OP_OVERHEAD,
+        "the op ranges slowed the traced step",
+        "read ops.csv's CPU columns with care (the ranges cost host time); its GPU columns "
+        "are kernel times and hold")
 
 
 RULES: list[Callable[[Context, str], Iterator[Finding]]] = [

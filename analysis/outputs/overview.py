@@ -203,19 +203,27 @@ def flagged(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def answer_tables(results: Path, summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, table) of the answer, in the order every front page shows them: the best
+    configuration per ladder, then the attention backends' TFLOP/s."""
+    tables = []
+    head = headline(results)
+    if not head.empty:
+        tables.append(("Best configuration per model (untraced step time, 95% CI)", head))
+    att = attention_best(summary)
+    if not att.empty:
+        tables.append(("Attention TFLOP/s by implementation and backend",
+                       att.map(_tflops).reset_index()))
+    return tables
+
+
 def markdown(results: Path, figures: list[Path]) -> str:
     summary = pd.read_csv(results / "summary.csv")
     plan = read_json(results / "plan.json") or {}
     findings = _findings(results)
     parts = ["# profbench results", "", provenance_line(summary, plan), ""]
-    head = headline(results)
-    if not head.empty:
-        parts += ["## Best configuration per model (untraced step time, 95% CI)", "",
-                  md_table(head), ""]
-    att = attention_best(summary)
-    if not att.empty:
-        parts += ["## Attention TFLOP/s by implementation and backend", "",
-                  md_table(att.map(_tflops).reset_index()), ""]
+    for title, table in answer_tables(results, summary):
+        parts += [f"## {title}", "", md_table(table), ""]
     modes = modes_table(summary)
     if not modes.empty:
         parts += ["## Forward, forward+backward and train step: fp32 eager vs every "
@@ -393,14 +401,8 @@ def landing_rst(results: Path) -> str:
     plan = read_json(results / "plan.json") or {}
     parts = [".. raw:: html", "", f"   {_LANDING_STYLE}", "",
              f"**profbench results** · {provenance_line(summary, plan)}", ""]
-    head = headline(results)
-    if not head.empty:
-        parts += [".. rubric:: Best configuration per model (untraced step time, 95% CI)", "",
-                  _rst_table(head), ""]
-    att = attention_best(summary)
-    if not att.empty:
-        parts += [".. rubric:: Attention TFLOP/s by implementation and backend", "",
-                  _rst_table(att.map(_tflops).reset_index()), ""]
+    for title, table in answer_tables(results, summary):
+        parts += [f".. rubric:: {title}", "", _rst_table(table), ""]
     findings = _findings(results)
     if findings:
         parts += [".. rubric:: Top findings", ""]
