@@ -70,9 +70,13 @@ OOM_OUTPUT = re.compile(
 # Nsight Systems (2024.2 here) now and then loses its own agent while a session starts, on a
 # busy machine: it exits 1 within a fraction of a second, before the workload ran, saying one
 # of these. Nothing of the run exists yet, so the guard starts the command once more.
-NSYS_START_FAILURE = re.compile(r"Connection to Agent lost|^End of file$")
+# How nsys (2024.2) fails when it loses its own agent, or cannot reach it, while a session starts
+# on a busy machine (several captures at once): exit 1 within a second, nothing recorded.
+NSYS_START_FAILURE = re.compile(
+    r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 5.0
-START_RETRIES = 1
+START_RETRIES = 2
+START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
 # Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
 NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -502,6 +506,7 @@ def guarded_result(args: argparse.Namespace, running: list[Proc]) -> dict[str, A
             break
         print("guard: nsys lost its agent while starting (a known transient of nsys); "
               "starting the command again", file=sys.stderr)
+        time.sleep(START_RETRY_PAUSE_S * (attempt + 1))
     result = judge(outcome, own, args.timeout_s)
     if result["status"] == "ok":
         problem = check_expected(args.expect, Path(args.cmd[0]).name)
