@@ -27,6 +27,7 @@ import torch
 
 from workloads import calibrate, flops, parallel, process_state, sleep
 from workloads.attention import IMPLS, SDPA_BACKENDS
+from workloads.compile_workers import stop_compile_workers
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import SIZES
 from workloads.gpustate import GpuStateRecorder
@@ -119,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return run_from_command_line(argv)
+    finally:  # the result is written: nothing may keep the process from exiting now
+        if "torch._inductor" in sys.modules and (stopped := stop_compile_workers()):
+            print(f"stopped Inductor's compile workers: {stopped}", file=sys.stderr)
+
+
+def run_from_command_line(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.workload == "calibrate":

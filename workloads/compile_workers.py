@@ -1,0 +1,78 @@
+"""Inductor's compile worker processes, stopped once a workload's result is written.
+
+A compiled run starts a pool of compile workers (``torch/_inductor/compile_worker``) and, at
+exit, Inductor's atexit handler waits up to 300 s for them to shut down. On the H100
+(2026-11-24, torch 2.11) a GPT 2.7B ``adamw_master`` timing process had written its
+measurement and then waited 3+ minutes in that handler, until the call's time limit stopped
+it and the result was lost. The workers have no work left once the result is written, so the
+workload stops them itself; their exit cannot change a number already recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+MARKER = "compile_worker"  # in every compile worker's command line (pool and its children)
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        parent = int(text[text.rfind(")") + 2:].split()[1])
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    children, found, todo = _children_by_parent(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except OSError:
+        return ""
+
+
+def compile_workers() -> list[int]:
+    """This process's descendants that are Inductor compile workers (none without /proc)."""
+    if not Path("/proc/self").exists():
+        return []
+    return [pid for pid in _descendants(os.getpid()) if MARKER in _command_line(pid)]
+
+
+def stop_compile_workers(grace_s: float = 5.0) -> list[int]:
+    """SIGTERM this process's compile workers, SIGKILL what is left after ``grace_s``;
+    return the pids that were stopped."""
+    workers = compile_workers()
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        for pid in workers:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.05)
+    return workers
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; its parent reaps it
