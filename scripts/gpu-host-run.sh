@@ -19,6 +19,10 @@ source gpu-kit/setup.sh >/dev/null 2>&1
 export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
+# Captures never leave this machine (too large to bring back), so a later call resumes
+# without them: keep_captures false makes them temp() outputs that Snakemake does not redo
+# once their tables exist (with true, every capture would be made again on resuming).
+printf 'keep_captures: false\n' > /tmp/profbench-lent.yaml
 start=$(date +%s)
 export TORCHINDUCTOR_CACHE_DIR=/tmp/profbench-inductor
 if [ -f resume/inductor.tgz ]; then
@@ -55,12 +59,12 @@ save_results() {
 # run is already a result row; --keep-going lets an unexpected job failure cost only its own
 # outputs. SIGINT at the limit: Snakemake stops its jobs and marks nothing complete.
 timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --keep-going \
-  --configfile "$configfile" "${extra[@]}" >> $OUT/snakemake.log 2>&1
+  --configfile "$configfile" /tmp/profbench-lent.yaml "${extra[@]}" >> $OUT/snakemake.log 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
 grep -E "Error|steps \(|Nothing to be done|of .* steps" $OUT/snakemake.log | tail -15
 if [ $rc -ne 124 ] && [ $rc -ne 137 ]; then  # a report of what finished, unless cut off
-  python3 -m snakemake --configfile "$configfile" "${extra[@]}" --report "$results/report.html" \
+  python3 -m snakemake --configfile "$configfile" /tmp/profbench-lent.yaml "${extra[@]}" --report "$results/report.html" \
     >> $OUT/snakemake.log 2>&1 || echo "report failed"
 fi
 echo "wall time: $(( $(date +%s) - start )) s (pipeline and report)" | tee -a $OUT/snakemake.log

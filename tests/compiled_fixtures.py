@@ -23,6 +23,9 @@ from analysis.reading.torchtrace import CompiledGraph, read_torch_trace
 
 H100 = Path(__file__).parent / "fixtures" / "h100"
 COMPILED = ["compiled_small_default", "compiled_small_reduce-overhead"]
+# The ladder's compile / cuda_graphs rungs: fused AdamW (not compiled) and autocast's weight
+# casts inside the compiled graphs, which Inductor moves across layers.
+AUTOCAST_WEIGHTS = ["compiled_small_fused_default", "compiled_small_fused_reduce-overhead"]
 
 
 @dataclass

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compiled_fixtures import COMPILED, compiled_run, query, sql_ops, sql_phase_ns, sql_ranges
+from compiled_fixtures import (
+    AUTOCAST_WEIGHTS,
+    COMPILED,
+    compiled_run,
+    query,
+    sql_ops,
+    sql_phase_ns,
+    sql_ranges,
+)
 
 from analysis.metrics.attribution import ANCHOR, EXTERN, GLUE, ORDERED, UNMATCHED
 from analysis.metrics.kernelmap import attribution_metrics
@@ -24,6 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 # Eager PyTorch launches through the CUDA runtime; Inductor's Triton kernels, cuBLASLt and
 # cuDNN through the driver (cuLaunchKernel[Ex]), cuDNN's memsets through cudaMemsetAsync.
 EAGER_APIS = ("cudaLaunchKernel", "cudaMemcpyAsync")
+
+
+@pytest.fixture(scope="module", params=COMPILED + AUTOCAST_WEIGHTS)
+def any_run(request: pytest.FixtureRequest):
+    """Every compiled fixture, the ladder's autocast rungs included (layer tests)."""
+    return compiled_run(request.param)
 
 
 @pytest.fixture(scope="module", params=COMPILED)
@@ -83,7 +97,8 @@ def test_externs_get_kernels_of_their_kind(run) -> None:
             assert re.search(r"nvjet|gemm|xmma|cutlass", name, re.I), (kernel, name)
 
 
-def test_layers_are_counted_and_numbered(run) -> None:
+def test_layers_are_counted_and_numbered(any_run) -> None:
+    run = any_run
     a = run.attribution
     assert run.n_layers == model_layers(run.record["params"]["size"]) > 0
     assert a.layers_ok and set(a.layers_found.values()) == {run.n_layers}
@@ -113,7 +128,8 @@ def test_known_sites_sit_where_the_model_code_is(run) -> None:
     assert [p.region for p in places[1:4]] == ["attention projections"] * 3  # q, k, v
 
 
-def test_layers_and_sublayers_cover_forward_and_backward(run) -> None:
+def test_layers_and_sublayers_cover_forward_and_backward(any_run) -> None:
+    run = any_run
     rows = {r["Range"]: r for r in phase_table(run.export, run.ops, run.phases,
                                                run.attribution)}
     fwd_bwd = sql_phase_ns(run.sqlite, "forward_pass", "backward_pass")

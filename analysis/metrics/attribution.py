@@ -7,10 +7,11 @@ same process read from its TORCH_TRACE (analysis/reading/torchtrace.py).
    give the ``with rng("<name>")`` blocks around their source lines
    (analysis/reading/sourceregions.py); a fused kernel whose traces disagree goes where most
    of them are, level by level.  The layer index is not in the traces (one loop line
-   ``x = block(x)``): it is counted in launch order, a new layer starting where the
-   sublayer goes back (forward: ffn -> attention; backward, which runs the layers last to
-   first: attention -> ffn).  A run whose graphs do not all show ``n_layers`` layers keeps
-   its sublayers but loses its layer indices.
+   ``x = block(x)``): it is counted in launch order from the GEMM and attention calls, a
+   new layer starting where their sublayer goes back (forward: ffn -> attention; backward,
+   which runs the layers last to first: attention -> ffn); the kernels Inductor moves
+   between them join their neighbours' layer.  A run whose graphs do not all show
+   ``n_layers`` layers keeps its sublayers but loses its layer indices.
 2. **Which ops a call site launched** (:func:`align`): the ops of each process in launch
    order (correlationId; by start time inside one CUDA-graph replay).  Triton kernels are
    the anchors: a run of consecutive Triton kernels, launched by one thread, that equals a
@@ -107,17 +108,25 @@ def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
                  clear: list[bool]) -> list[int | None]:
     """Per site: the layer counted in launch order (0 = the first layer launched).
 
-    Only ``clear`` sites (all traces in one sublayer) start a layer: a new one where the
+    Only anchors start a layer: ``clear`` sites (all traces in one sublayer) that are GEMM
+    or attention calls, which stay in their layer's order; a new layer starts where the
     sublayer goes back (a later block in the source in a backward graph, an earlier one
-    otherwise).  A fused kernel spanning two sublayers (the residual add of one with the
-    norm of the next) joins the layer of its clear neighbours: of the next one when its
-    majority sublayer is the next one's, else of the previous one.
+    otherwise).  Inductor moves small kernels across layers (under autocast, the bf16 casts
+    of the next layer's weights and its norm-weight gradient run amid this layer's
+    attention backward, which made a 12-layer backward count 35), so they only join a
+    layer: that of their anchor neighbours, of the next one when its sublayer is theirs,
+    else of the previous one.  A graph without GEMM or attention calls counts every clear
+    site.
     """
     backward = graph.kind == "backward"
     counted: list[int | None] = [None] * len(paths)
     index, prev_line = -1, None
+    anchors = [clear[i] and not site.is_triton and _extern_family(site.kernel) != "other"
+               for i, site in enumerate(graph.sites)]
+    if not any(anchors):
+        anchors = clear
     for i, path in enumerate(paths):
-        if not path or path[0].name != INDEXED or not clear[i]:
+        if not path or path[0].name != INDEXED or not anchors[i]:
             continue
         line = path[1].line if len(path) > 1 else None
         if index < 0:

@@ -149,9 +149,21 @@ def run_row(
     row.update(roofline_columns(first, info["params"], metrics, calibration))
     row.update(flatten("gpu_state", {"flags": ";".join(gpu_flags(timing))}))
     row.update(flatten("provenance", first.get("provenance", {})))
+    row.update(record_commits([*timing.records, *([times] if times else [])]))
     # the driver, as NVML reported it during the timing run (None without NVML)
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
     return row
+
+
+def record_commits(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The commit(s) the run's processes ran at, from their own records: a results folder
+    resumed on other machines may hold runs made at different commits (space-separated)."""
+    stamps = [r.get("provenance") or {} for r in records]
+    commits = sorted({p["git_commit"] for p in stamps if p.get("git_commit")})
+    if not commits:
+        return {}
+    return {"provenance_git_commit": " ".join(commits),
+            "provenance_git_dirty": any(bool(p.get("git_dirty")) for p in stamps)}
 
 
 def roofline_columns(record: dict[str, Any], params: dict[str, Any], metrics: dict[str, Any],
@@ -201,9 +213,12 @@ def summary_table(
     rows = [run_row(results, run, info, threshold, calibration)
             for run, info in plan["runs"].items()]
     table = pd.DataFrame(rows)
-    git = plan.get("git") or {}
-    table["provenance_git_commit"] = git.get("commit")
-    table["provenance_git_dirty"] = git.get("dirty")
+    git = plan.get("git") or {}  # the plan's, for runs that left no record
+    for key in ("commit", "dirty"):
+        column = f"provenance_git_{key}"
+        if column not in table:
+            table[column] = None
+        table[column] = table[column].astype(object).where(table[column].notna(), git.get(key))
     first = [c for c in FIRST if c in table.columns]
     provenance = sorted(c for c in table.columns if c.startswith("provenance_"))
     middle = [c for c in table.columns if c not in first and c not in provenance]
