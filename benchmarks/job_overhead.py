@@ -223,8 +223,12 @@ def process_checks(results: Path, launcher: str) -> list[str]:
     """What the timing records' process sections say against a clean start: every problem
     found (empty: none)."""
     problems = []
-    sections = {p: (_read_json(p) or {}).get("process") for p in results.glob("*/timing/r*.json")}
-    pids = [s["pid"] for s in sections.values() if s]
+    records = {p: _read_json(p) or {} for p in results.glob("*/timing/r*.json")}
+    sections = {p: r.get("process") for p, r in records.items()}
+    # a pid names a process on one host: a results folder resumed on other machines (a bare
+    # GPU machine per call) may reuse one
+    pids = [(((records[p].get("provenance") or {}).get("hostname")), s["pid"])
+            for p, s in sections.items() if s]
     if len(pids) != len(set(pids)):
         problems.append("two timing records share a pid")
     for path, s in sorted(sections.items()):
