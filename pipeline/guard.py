@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline import forkserver
+from workloads.proctree import descendants
 
 DEFAULT_GRACE_S = 10.0
 # The longest a job waits for a fork server that is still importing torch & co. before it
@@ -156,31 +157,11 @@ def _signal_group(proc: Proc, signum: int) -> None:
     except ProcessLookupError:
         pass  # the group is already gone
     roots = {proc.pid, os.getpid()} if _ADOPTING else {proc.pid}
-    for pid in _descendants(roots):
+    for pid in descendants(roots):
         try:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    """Every live process below `roots` (from /proc; empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = text[text.rfind(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: set[int] = set()
-    todo = list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found and child not in roots:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def _adopt_orphans() -> None:

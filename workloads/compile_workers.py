@@ -15,28 +15,9 @@ import signal
 import time
 from pathlib import Path
 
+from workloads.proctree import descendants
+
 MARKER = "compile_worker"  # in every compile worker's command line (pool and its children)
-
-
-def _children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue  # gone meanwhile
-        parent = int(text[text.rfind(")") + 2:].split()[1])
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children, found, todo = _children_by_parent(), [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _command_line(pid: int) -> str:
@@ -51,7 +32,7 @@ def compile_workers() -> list[int]:
     """This process's descendants that are Inductor compile workers (none without /proc)."""
     if not Path("/proc/self").exists():
         return []
-    return [pid for pid in _descendants(os.getpid()) if MARKER in _command_line(pid)]
+    return [pid for pid in descendants({os.getpid()}) if MARKER in _command_line(pid)]
 
 
 def stop_compile_workers(grace_s: float = 5.0) -> list[int]:

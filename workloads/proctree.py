@@ -1,0 +1,29 @@
+"""The process tree below some processes, read from /proc (Linux; empty elsewhere).
+
+Used by the pipeline's guard (to stop a command's whole tree) and by the workloads (to stop
+Inductor's compile workers); no torch import, so both can use it cheaply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def descendants(roots: set[int]) -> set[int]:
+    """Every live process below ``roots``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found and child not in roots:
+                found.add(child)
+                todo.append(child)
+    return found
