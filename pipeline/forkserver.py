@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workloads.proctree import alive
+
 # Environment the pipeline sets (rules/common.smk) for the guards of one invocation.
 ENV_NAME = "PROFBENCH_FORKSERVER"  # the servers' name; server N listens on NAME.sN
 ENV_OWNER = "PROFBENCH_FORKSERVER_OWNER"  # the Snakemake process the servers live for
@@ -226,17 +228,9 @@ class Child:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        while _exists(self.pid):
+        while alive(self.pid):
             time.sleep(0.01)
         self.returncode = 1
-
-
-def _exists(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def spawn(slot: int, argv: list[str], stdio: tuple[int, int, int], deadline: float) -> Child:
@@ -615,7 +609,7 @@ class Server:
                         self._child_exited(conn, reaped=True)
 
     def _done(self) -> bool:
-        if self.owner is not None and not _exists(self.owner):
+        if self.owner is not None and not alive(self.owner):
             log(f"slot {self.slot}: owner {self.owner} is gone; exiting")
             return True
         if self.connections:

@@ -68,11 +68,10 @@ OOM_OUTPUT = re.compile(
     r"|\bKilled\b|signal 9\b|SIGKILL",
     re.IGNORECASE,
 )
-# Nsight Systems (2024.2 here) now and then loses its own agent while a session starts, on a
-# busy machine: it exits 1 within a fraction of a second, before the workload ran, saying one
-# of these. Nothing of the run exists yet, so the guard starts the command once more.
-# How nsys (2024.2) fails when it loses its own agent, or cannot reach it, while a session starts
-# on a busy machine (several captures at once): exit 1 within a second, nothing recorded.
+# Nsight Systems (2024.2 here) now and then loses its own agent, or cannot reach it, while a
+# session starts on a busy machine (several captures at once): it exits 1 within a fraction of
+# a second, before the workload ran, saying one of these. Nothing of the run exists yet, so
+# the guard starts the command again (up to START_RETRIES times).
 NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 5.0

@@ -23,6 +23,7 @@ results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['
 # without them: keep_captures false makes them temp() outputs that Snakemake does not redo
 # once their tables exist (with true, every capture would be made again on resuming).
 printf 'keep_captures: false\n' > /tmp/profbench-lent.yaml
+configs=(--configfile "$configfile" /tmp/profbench-lent.yaml)
 start=$(date +%s)
 export TORCHINDUCTOR_CACHE_DIR=/tmp/profbench-inductor
 if [ -f resume/inductor.tgz ]; then
@@ -59,12 +60,12 @@ save_results() {
 # run is already a result row; --keep-going lets an unexpected job failure cost only its own
 # outputs. SIGINT at the limit: Snakemake stops its jobs and marks nothing complete.
 timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --keep-going \
-  --configfile "$configfile" /tmp/profbench-lent.yaml "${extra[@]}" >> $OUT/snakemake.log 2>&1
+  "${configs[@]}" "${extra[@]}" >> $OUT/snakemake.log 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
 grep -E "Error|steps \(|Nothing to be done|of .* steps" $OUT/snakemake.log | tail -15
 if [ $rc -ne 124 ] && [ $rc -ne 137 ]; then  # a report of what finished, unless cut off
-  python3 -m snakemake --configfile "$configfile" /tmp/profbench-lent.yaml "${extra[@]}" --report "$results/report.html" \
+  python3 -m snakemake "${configs[@]}" "${extra[@]}" --report "$results/report.html" \
     >> $OUT/snakemake.log 2>&1 || echo "report failed"
 fi
 echo "wall time: $(( $(date +%s) - start )) s (pipeline and report)" | tee -a $OUT/snakemake.log

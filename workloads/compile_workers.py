@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 
-from workloads.proctree import descendants
+from workloads.proctree import alive, descendants
 
 MARKER = "compile_worker"  # in every compile worker's command line (pool and its children)
 
@@ -30,8 +30,6 @@ def _command_line(pid: int) -> str:
 
 def compile_workers() -> list[int]:
     """This process's descendants that are Inductor compile workers (none without /proc)."""
-    if not Path("/proc/self").exists():
-        return []
     return [pid for pid in descendants({os.getpid()}) if MARKER in _command_line(pid)]
 
 
@@ -46,14 +44,7 @@ def stop_compile_workers(grace_s: float = 5.0) -> list[int]:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        while time.monotonic() < deadline and any(alive(pid) for pid in workers):
             time.sleep(0.05)
     return workers
 
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has exited; its parent reaps it

@@ -1,4 +1,5 @@
-"""The process tree below some processes, read from /proc (Linux; empty elsewhere).
+"""The process tree below some processes, and whether one lives, read from /proc (Linux;
+empty elsewhere).
 
 Used by the pipeline's guard (to stop a command's whole tree) and by the workloads (to stop
 Inductor's compile workers); no torch import, so both can use it cheaply.
@@ -27,3 +28,12 @@ def descendants(roots: set[int]) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has: its parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
