@@ -77,6 +77,11 @@ NSYS_START_FAILURE = re.compile(
 START_FAILURE_MAX_S = 5.0
 START_RETRIES = 2
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
+# torchrun's report of a failed job: its own exception, then fields such as "  rank : 0
+# (...)"; and its agent's log lines ("W1124 12:42:06.293000 14877 .../elastic/...").
+TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+TORCHRUN_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/elastic/")
+TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(\S.*?)\s*$")
 # Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
 NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -285,8 +290,32 @@ def _read_own_result(path: Path) -> dict[str, Any] | None:
 
 
 def _last_lines(tail: collections.deque[str]) -> str:
-    lines = [line for line in tail if line.strip()]
+    lines = [line.rstrip() for line in tail if line.strip()]
+    lines, root_cause = _without_torchrun_report(lines)
+    if root_cause:
+        return "\n".join([*lines[-(MESSAGE_LINES - 1):], root_cause])
     return "\n".join(lines[-MESSAGE_LINES:])
+
+
+def _without_torchrun_report(lines: list[str]) -> tuple[list[str], str | None]:
+    """The lines before torchrun's closing report of a failed job, and the report's root
+    cause in one line. The report (torchrun's own traceback ending in ChildFailedError, then
+    the failures and their "Root Cause") and its agent's log lines fill a message by
+    themselves and hide the failed rank's own error, printed before them."""
+    end = next((i for i in range(len(lines) - 1, -1, -1)
+                if lines[i].startswith(TORCHRUN_FAILED)), None)
+    if end is None:
+        return lines, None
+    start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most")),
+                 end)
+    report = lines[end:]
+    cause = report[next((i for i, line in enumerate(report) if "Root Cause" in line), 0):]
+    fields = dict(m.groups() for line in cause if (m := TORCHRUN_FIELD.match(line)))
+    before = [line for line in lines[:start] if not TORCHRUN_LOG.match(line)]
+    if "rank" not in fields:
+        return before, None
+    rank, exitcode = fields["rank"].split()[0], fields.get("exitcode", "?").split()[0]
+    return before, f"torchrun: rank {rank} failed first (exit code {exitcode})"
 
 
 def _how_it_ended(outcome: Outcome) -> str:

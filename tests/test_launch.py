@@ -5,6 +5,7 @@ export. Fast: real processes and real torchrun, no pipeline."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -96,6 +97,49 @@ def test_rank_zero_failing_on_its_own_keeps_its_status(tmp_path: Path) -> None:
     out.write_text(json.dumps({"status": "unsupported", "message": "no cudnn"}))
     (tmp_path / "times.json.rank1").write_text(json.dumps({"status": "error", "message": "x"}))
     assert merge_rank_failures(out)["status"] == "unsupported"
+
+
+def test_a_failed_rank_names_its_own_error_not_torchrun_report(tmp_path: Path) -> None:
+    # rank 0 dies with a traceback of its own and no record; torchrun's closing report (about
+    # 20 lines) follows it, and the message still shows the error and which rank failed
+    code = ("import os, sys, time\n"
+            "if os.environ['RANK'] == '0':\n"
+            "    raise RuntimeError('pair.cc: Connection closed by peer')\n"
+            "time.sleep(60)")
+    out = tmp_path / "r.json"
+    subprocess.run([PY, "-m", "pipeline.guard", "--out", str(out), "--timeout-s", "90", "--",
+                    PY, "-m", "pipeline.launch", "--ranks", "2", "--device", "cpu", "--out",
+                    str(out), "--", PY, "-c", code], cwd=REPO, check=True, timeout=120,
+                   capture_output=True)
+    record = json.loads(out.read_text())
+    assert record["status"] == "error"
+    lines = record["message"].splitlines()
+    assert "RuntimeError: pair.cc: Connection closed by peer" in lines
+    assert lines[-1] == "torchrun: rank 0 failed first (exit code 1)"
+    assert not any("Root Cause" in line or "FAILED" in line for line in lines)
+
+
+def test_a_rank_whose_peer_already_left_still_leaves_the_group(tmp_path: Path) -> None:
+    # rank 1 exits without leaving the group; rank 0's barrier then fails (connection closed),
+    # after its record is written: a warning, and rank 0 still exits 0
+    code = ("import argparse, os, time, torch, torch.distributed as dist\n"
+            "from workloads.parallel import DistributedRun\n"
+            "dist.init_process_group('gloo')\n"
+            "rank = dist.get_rank()\n"
+            "run = DistributedRun(argparse.Namespace(parallel='ddp'), torch.device('cpu'), rank,"
+            " rank, 2, 'gloo')\n"
+            "if rank == 1:\n"
+            "    os._exit(0)\n"
+            "time.sleep(1)\n"
+            "run.close()\n"
+            "print('rank 0 left the group')\n")
+    done = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", "--no-python", PY, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 left the group" in done.stdout
+    assert "warning: leaving the process group" in done.stderr
 
 
 def test_gpus_need_a_parallel_mode() -> None:

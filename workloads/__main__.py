@@ -181,13 +181,14 @@ def run_from_command_line(argv: list[str] | None) -> int:
                 before_measure=before_measure,
                 after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
             )
+        record.succeed(workload, measurement, gpu.result(), graph)
+        if run:
+            run.complete(record.result, workload.tokens_per_step)
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
-    record.succeed(workload, measurement, gpu.result(), graph)
-    if run:
-        run.complete(record.result, workload.tokens_per_step)
-        run.close()
     record.write()
+    if run:  # after the record: leaving the group cannot lose it
+        run.close()
     print(summary_line(record.result))
     return 0
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -236,8 +237,20 @@ class DistributedRun:
                 "comm_ranges": self.args.parallel == "ddp" or self.fsdp_comm_ranges}
 
     def close(self) -> None:
-        if dist.is_initialized():
+        """Leave the process group once every rank is done with its collectives.
+
+        A gloo rank that exits while its peer still reads the last collective's messages
+        can break that collective on the peer ("Connection closed by peer"; CI once saw rank
+        0 exit 1 without a record after rank 1 had finished). The barrier keeps every rank
+        until all have completed `complete`'s gather; an error in the barrier or the teardown
+        after that (a peer already gone) loses nothing, so it is a warning."""
+        if not dist.is_initialized():
+            return
+        try:
+            dist.barrier()
             dist.destroy_process_group()
+        except RuntimeError as err:  # torch's DistError included
+            print(f"warning: leaving the process group: {err}", file=sys.stderr)
 
 
 def check_supported(args: argparse.Namespace) -> None:
