@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline import forkserver
+from pipeline import forkserver, launch
 from workloads.proctree import descendants
 
 DEFAULT_GRACE_S = 10.0
@@ -77,6 +77,7 @@ NSYS_START_FAILURE = re.compile(
 START_FAILURE_MAX_S = 5.0
 START_RETRIES = 2
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
+TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
 # torchrun's report of a failed job: its own exception, then fields such as "  rank : 0
 # (...)"; and its agent's log lines ("W1124 12:42:06.293000 14877 .../elastic/...").
 TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
@@ -495,9 +496,14 @@ def _install_stop_handlers() -> None:
 
 
 def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
-    """nsys lost its agent while the session started: quick exit 1, no record of the run."""
-    return (outcome.returncode == 1 and not outcome.timed_out and own is None
-            and outcome.elapsed_s < START_FAILURE_MAX_S
+    """nsys lost its agent while the session started: quick exit 1, no record of the run.
+    Under torchrun (one nsys per rank), torchrun's own start-up comes first, and a rank that
+    only saw its peer's nsys fail, stopped by torchrun, may have recorded just that."""
+    under_torchrun = any(line.startswith(TORCHRUN_FAILED) for line in outcome.tail)
+    window = START_FAILURE_MAX_S + (TORCHRUN_START_S if under_torchrun else 0.0)
+    nothing_recorded = own is None or (under_torchrun and launch.only_stopped(own))
+    return (outcome.returncode == 1 and not outcome.timed_out and nothing_recorded
+            and outcome.elapsed_s < window
             and any(NSYS_START_FAILURE.search(line.strip()) for line in outcome.tail))
 
 
@@ -515,6 +521,7 @@ def guarded_result(args: argparse.Namespace, running: list[Proc]) -> dict[str, A
             break
         print("guard: nsys lost its agent while starting (a known transient of nsys); "
               "starting the command again", file=sys.stderr)
+        args.out.unlink(missing_ok=True)  # a stopped rank's record is not the next attempt's
         time.sleep(START_RETRY_PAUSE_S * (attempt + 1))
     result = judge(outcome, own, args.timeout_s)
     if result["status"] == "ok":

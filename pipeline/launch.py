@@ -116,11 +116,11 @@ def merge_rank_failures(out: Path) -> dict[str, Any] | None:
     others = rank_records(out)
     for path in out.parent.glob(f"{out.name}.rank*"):
         path.unlink(missing_ok=True)
-    if record is not None and not _stopped(record):
+    if record is not None and not only_stopped(record):
         return record  # rank 0 succeeded, or failed on its own
     for rank, other in sorted(others.items()):
         status, message = other.get("status"), str(other.get("message") or "")
-        if status and status != "ok" and not _stopped(other):
+        if status and status != "ok" and not only_stopped(other):
             merged = dict(record or other)
             merged.update(status=status, message=f"rank {rank}: {message}")
             out.write_text(json.dumps(merged, indent=2) + "\n")
@@ -128,7 +128,7 @@ def merge_rank_failures(out: Path) -> dict[str, Any] | None:
     return record
 
 
-def _stopped(record: dict[str, Any]) -> bool:
+def only_stopped(record: dict[str, Any]) -> bool:
     """A failed record that only says the rank was stopped (another rank failed first)."""
     return record.get("status") == "error" and bool(STOPPED.search(str(record.get("message"))))
 
