@@ -175,11 +175,13 @@ rule speedup:
 
 
 rule compare:
-    """Baseline vs candidate: time per kernel category and NVTX range, and their ratio."""
+    """Baseline vs candidate: time per kernel category and NVTX range, and their ratio.
+    From both runs' statistics, not their captures: re-capturing one side (or resuming
+    without captures) redoes the comparison without capturing the other side again."""
     input:
         image=IMAGE_INPUT,
-        a=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}/profile.sqlite",
-        b=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/profile.sqlite",
+        a=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}/stats/metrics.json",
+        b=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/stats/metrics.json",
         ta=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['a']}/times.json",
         tb=lambda wc: f"{RESULTS}/{COMPARISONS[wc.name]['b']}/times.json",
     output:
@@ -206,13 +208,16 @@ rule compare:
     params:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.categories),
+        a=lambda wc, input: os.path.dirname(input.a),
+        b=lambda wc, input: os.path.dirname(input.b),
         reports=" ".join(["compare_categories", "compare_nvtx", "compare_metrics"]),
     container:
         RULE_CONTAINER
     shell:
-        # A side that failed has no capture: the comparison is left empty, with the reason.
+        # A side that failed has no statistics: the comparison is left empty, with the reason.
         "if {params.python} -m pipeline.outcome ok {input.ta} &&"
         " {params.python} -m pipeline.outcome ok {input.tb}; then"
-        " {params.python} -m analysis compare {input.a} {input.b} -o {params.outdir} > {log} 2>&1;"
+        " {params.python} -m analysis compare {params.a} {params.b} -o {params.outdir}"
+        " > {log} 2>&1;"
         " else for r in {params.reports}; do : > {params.outdir}/$r.csv; done;"
         " echo 'one side failed: see its times.json' > {log}; fi"

@@ -14,6 +14,7 @@ import pytest
 from analysis.metrics.categories import categorize, tensor_core_rule, uses_tensor_cores
 from analysis.metrics.extras import run_metrics, union_busy
 from analysis.metrics.occupancy import GpuLimits, occupancy
+from analysis.outputs.compare import compare
 from analysis.reading import Export, ExportError
 from tests.analysis_fixtures import CPU, H100
 
@@ -270,6 +271,33 @@ def test_compare_two_runs(tmp_path: Path) -> None:
     assert "GEMM" in res.stdout and ":simple" in res.stdout
     rows = (tmp_path / "cmp" / "compare_categories.csv").read_text().splitlines()
     assert rows[0] == "Category,A (ns),B (ns),B/A" and rows[-1].startswith("Total,")
+
+
+def test_compare_of_statistics_folders_equals_compare_of_the_exports(tmp_path: Path) -> None:
+    # the pipeline compares the runs' stats/ folders (`analysis all`); same tables as from
+    # the two real H100 exports, and the metrics plus the nsys that made each export
+    exports = {"a": H100 / "attention_simple_vs_sdpa_nsys2024.2.3.sqlite", "b": H100_2025}
+    for side, export in exports.items():
+        subprocess.run([sys.executable, "-m", "analysis", "all", str(export), "-o",
+                        str(tmp_path / side / "stats")], check=True, cwd=ROOT,
+                       capture_output=True)
+    from_exports = compare(exports["a"], exports["b"], tmp_path / "from_exports")
+    from_stats = compare(tmp_path / "a" / "stats", tmp_path / "b", tmp_path / "from_stats")
+    assert from_stats.categories.rows == from_exports.categories.rows
+    assert from_stats.nvtx.rows == from_exports.nvtx.rows
+    assert len(from_stats.nvtx.rows) > 5 and len(from_stats.categories.rows) > 2
+    metrics = {row[0]: row[1:] for row in from_stats.metrics.rows}
+    assert [metrics[row[0]] for row in from_exports.metrics.rows] == [
+        row[1:] for row in from_exports.metrics.rows]
+    assert metrics.pop("nsys_version")[:2] == ["2024.2.3.38", "2025.3.2.0"]
+    assert set(metrics) == {row[0] for row in from_exports.metrics.rows}
+
+
+def test_compare_names_a_folder_without_a_capture_or_statistics(tmp_path: Path) -> None:
+    (tmp_path / "run" / "stats").mkdir(parents=True)
+    (tmp_path / "run" / "stats" / "metrics.json").write_text("{}")
+    with pytest.raises(ExportError, match="nvtx_sum.csv"):
+        compare(tmp_path / "run", H100_2025, tmp_path / "cmp")
 
 
 @pytest.mark.parametrize("kind", ["garbage", "truncated", "not_nsys", "missing"])

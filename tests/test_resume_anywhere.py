@@ -8,6 +8,7 @@ folders, each with its own .snakemake (none is copied along)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -20,8 +21,8 @@ from conftest import copy_checkout, private_tmpdir
 pytestmark = pytest.mark.slow
 
 RESULTS = "results"
-# Two captured runs with a comparison between them (compare reads both captures), one more
-# captured run and one timed-only run: the first two finish in checkout A.
+# Two captured runs with a comparison between them (compare reads both runs' stats/), one
+# more captured run and one timed-only run: the first two finish in checkout A.
 CONFIG = {
     "results": RESULTS,
     "timing": {"repeats": 1},
@@ -115,3 +116,14 @@ def test_partial_results_finish_elsewhere_without_recomputing(
     assert (b / RESULTS / "summary.csv").is_file()
     # and nothing is left to do
     assert "Nothing to be done" in run(b, config, "--cores", "1", "-n")
+
+    # Re-capture one run (as after an analysis fix): its capture, statistics and comparison
+    # are made again; the run it is compared with is not captured again (its capture is gone)
+    (b / RESULTS / "sdpa" / "times.json").unlink()
+    shutil.rmtree(b / RESULTS / "sdpa" / "stats")
+    other = b / RESULTS / "naive" / "stats" / "metrics.json"
+    other_made = other.stat().st_mtime_ns
+    jobs = executed_jobs(run(b, config, "--cores", "2"))
+    assert jobs["profile"] == ["sdpa"] and jobs["run_stats"] == ["sdpa"], jobs
+    assert "compare" in jobs and other.stat().st_mtime_ns == other_made
+    assert (b / RESULTS / "compare" / "naive_vs_sdpa" / "compare_categories.csv").stat().st_size

@@ -1,13 +1,21 @@
 """A vs B ("simple vs optimized"): time per kernel category and per NVTX range.
 
-``python -m analysis compare A B -o DIR`` where A and B are nsys SQLite exports or run
-folders containing ``profile.sqlite``.  Writes ``compare_categories.csv``,
-``compare_nvtx.csv`` and ``compare_metrics.csv`` into DIR and prints them.  Ratios are
-B / A (below 1: B is faster).
+``python -m analysis compare A B -o DIR`` where A and B are nsys SQLite exports, run folders
+containing ``profile.sqlite``, or a run's statistics folder (``<run>/stats``, as ``analysis
+all`` wrote it: ``metrics.json``, ``nvtx_sum.csv``, ``nvtx_categories.csv``).  Writes
+``compare_categories.csv``, ``compare_nvtx.csv`` and ``compare_metrics.csv`` into DIR and
+prints them.  Ratios are B / A (below 1: B is faster).
+
+The pipeline compares statistics folders: a comparison then needs neither capture, so
+re-capturing one run (or resuming without captures) redoes its comparisons without
+capturing their other side again, and both sides read the same tables as their reports
+(compiled kernels attributed with the run's own inputs).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,20 +27,30 @@ from analysis.reports.fmt import Table
 from analysis.reports.nsys_stats import Context, report_nvtx_sum
 
 RUN_EXPORT = "profile.sqlite"
+# What a side needs from a statistics folder (analysis all: reports + extras).
+STATS_FILES = ("metrics.json", "nvtx_sum.csv", "nvtx_categories.csv")
 
 
-def resolve_export(path: str | os.PathLike[str]) -> Path:
-    """A .sqlite export, or a run folder holding ``profile.sqlite``."""
+def is_stats_folder(path: Path) -> bool:
+    return path.is_dir() and all((path / name).is_file() for name in STATS_FILES)
+
+
+def resolve_side(path: str | os.PathLike[str]) -> Path:
+    """A .sqlite export, a statistics folder, or a run folder holding ``profile.sqlite`` (or,
+    without one, its ``stats`` folder)."""
     p = Path(path)
-    if p.is_dir():
-        cand = p / RUN_EXPORT
-        if not cand.exists():
-            found = sorted(p.glob("*.sqlite"))
-            if len(found) == 1:
-                return found[0]
-            raise ExportError(p, f"run folder without {RUN_EXPORT}")
+    if not p.is_dir() or is_stats_folder(p):
+        return p
+    cand = p / RUN_EXPORT
+    if cand.exists():
         return cand
-    return p
+    found = sorted(p.glob("*.sqlite"))
+    if len(found) == 1:
+        return found[0]
+    if is_stats_folder(p / "stats"):
+        return p / "stats"
+    raise ExportError(p, f"run folder without {RUN_EXPORT} or a stats folder with "
+                         f"{', '.join(STATS_FILES)}")
 
 
 @dataclass
@@ -44,21 +62,39 @@ class Side:
 
 
 def _side(path: Path) -> Side:
+    if is_stats_folder(path):
+        return _side_of_tables(_read_csv(path / "nvtx_sum.csv"),
+                               _read_csv(path / "nvtx_categories.csv")[1],
+                               json.loads((path / "metrics.json").read_text()))
     with Export(path) as ex:
         ctx = Context(ex)
         extras = compute_extras(ex, ctx)
         nvtx = report_nvtx_sum(ctx)
-    cats = {c: int(extras.metrics.get(f"category_time_ns.{c}") or 0) for c in CATEGORIES}
+    return _side_of_tables((nvtx.header, nvtx.rows),
+                           extras.tables["nvtx_categories.csv"].rows, extras.metrics)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        header, *rows = list(csv.reader(fh))
+    return header, rows
+
+
+def _side_of_tables(nvtx_sum: tuple[list[str], list[list[str]]],
+                    nvtx_categories: list[list[str]], metrics: dict[str, object]) -> Side:
+    """A side from the nvtx_sum report, the nvtx_categories rows (range, style, category,
+    total ns, ...) and the extras' metrics."""
+    cats = {c: int(metrics.get(f"category_time_ns.{c}") or 0) for c in CATEGORIES}
     rng: dict[tuple[str, str], int] = {}
-    h = nvtx.header
-    for row in nvtx.rows:
+    h, rows = nvtx_sum
+    for row in rows:
         key = (row[h.index("Range")], row[h.index("Style")])
         rng[key] = rng.get(key, 0) + int(row[h.index("Total Time (ns)")])
     gpu: dict[tuple[str, str], int] = {}
-    for row in extras.tables["nvtx_categories.csv"].rows:
+    for row in nvtx_categories:
         key = (row[0], row[1])
         gpu[key] = gpu.get(key, 0) + int(row[3])
-    return Side(cats, rng, gpu, extras.metrics)
+    return Side(cats, rng, gpu, metrics)
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -76,8 +112,9 @@ class Comparison:
 
 def compare(a: str | os.PathLike[str], b: str | os.PathLike[str], outdir: str | os.PathLike[str]
             ) -> Comparison:
-    """Compare two exports (or run folders); write the CSVs into ``outdir``."""
-    sa, sb = _side(resolve_export(a)), _side(resolve_export(b))
+    """Compare two exports, statistics folders or run folders; write the CSVs into
+    ``outdir``."""
+    sa, sb = _side(resolve_side(a)), _side(resolve_side(b))
     cats = Table(["Category", "A (ns)", "B (ns)", "B/A"])
     for c in CATEGORIES:
         va, vb = sa.categories[c], sb.categories[c]
