@@ -43,42 +43,44 @@ out.write_text(json.dumps({{"status": "ok", "step_ms": [1.0]}}))
     return [sys.executable, "-c", code]
 
 
-def guard(tmp_path: Path, cmd: list[str], starts: str = "starts") -> tuple[dict, str, int]:
+def guard(tmp_path: Path, cmd: list[str]) -> tuple[dict, str, int]:
     out = tmp_path / "result.json"
     done = subprocess.run([sys.executable, "-m", "pipeline.guard", "--out", str(out), "--run",
                            "r", "--", *cmd], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    return json.loads(out.read_text()), done.stderr, int((tmp_path / starts).read_text())
+    return json.loads(out.read_text()), done.stderr, int((tmp_path / "starts").read_text())
 
 
 def ranks_command(tmp_path: Path, failing_rank: int) -> list[str]:
-    """Two ranks under torchrun (pipeline/launch.py), each counting its starts. At the first
-    start `failing_rank` fails as nsys does at start while the other waits (as in
-    init_process_group) until torchrun stops it, and then records only that, as the workloads
-    do on SIGTERM. At the second, rank 0 writes an ok record."""
+    """Two ranks under torchrun (pipeline/launch.py); each launch is counted in
+    tmp_path/starts before torchrun starts. In the first launch `failing_rank` fails as nsys
+    does at start while the other waits (as in init_process_group) until torchrun stops it,
+    and then records only that, as the workloads do on SIGTERM (a rank stopped before it got
+    that far records nothing). In the second, rank 0 writes an ok record."""
     out = tmp_path / "result.json"
+    starts = tmp_path / "starts"
     code = f"""
 import json, os, pathlib, signal, sys, time
 rank = int(os.environ["RANK"])
-starts = pathlib.Path({str(tmp_path)!r}, f"starts{{rank}}")
-n = int(starts.read_text()) + 1 if starts.exists() else 1
-starts.write_text(str(n))
+launch = int(pathlib.Path({str(starts)!r}).read_text())
 out = pathlib.Path({str(out)!r})
 out = out if rank == 0 else out.with_name(f"{{out.name}}.rank{{rank}}")
 def stopped(signum, frame):
     out.write_text(json.dumps({{"status": "error", "message": "terminated by signal SIGTERM"}}))
     sys.exit(1)
 signal.signal(signal.SIGTERM, stopped)
-if n == 1:
+if launch == 1:
     if rank == {failing_rank}:
         print({NO_ENDPOINT!r}, file=sys.stderr)
         sys.exit(1)
     time.sleep(60)
 out.write_text(json.dumps({{"status": "ok", "step_ms": [1.0]}}))
 """
-    return [sys.executable, "-m", "pipeline.launch", "--ranks", "2", "--device", "cpu", "--out",
-            str(out), "--", sys.executable, "-c", code]
+    count = (f"n=$(cat {starts} 2>/dev/null || echo 0); echo $((n + 1)) > {starts}; "
+             'exec "$@"')
+    return ["sh", "-c", count, "sh", sys.executable, "-m", "pipeline.launch", "--ranks", "2",
+            "--device", "cpu", "--out", str(out), "--", sys.executable, "-c", code]
 
 
 @pytest.mark.parametrize("message", [AGENT_LOST, "End of file", NO_ENDPOINT])
@@ -109,7 +111,7 @@ def test_other_failures_are_not_retried(tmp_path: Path, message: str, record_fir
 @pytest.mark.parametrize("failing_rank", [0, 1])
 def test_one_rank_nsys_losing_its_agent_at_start_starts_every_rank_again(
         tmp_path: Path, failing_rank: int) -> None:
-    result, log, starts = guard(tmp_path, ranks_command(tmp_path, failing_rank), "starts0")
-    assert starts == 2 and int((tmp_path / "starts1").read_text()) == 2
+    result, log, starts = guard(tmp_path, ranks_command(tmp_path, failing_rank))
+    assert starts == 2
     assert result["status"] == "ok" and result["step_ms"] == [1.0]
     assert log.count("starting the command again") == 1
