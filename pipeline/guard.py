@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -298,13 +299,18 @@ def _last_lines(tail: collections.deque[str]) -> str:
     return "\n".join(lines[-MESSAGE_LINES:])
 
 
+def _torchrun_report_at(lines: Sequence[str]) -> int | None:
+    """Where torchrun's report of a failed job starts in the output (its ChildFailedError)."""
+    return next((i for i in range(len(lines) - 1, -1, -1)
+                 if lines[i].startswith(TORCHRUN_FAILED)), None)
+
+
 def _without_torchrun_report(lines: list[str]) -> tuple[list[str], str | None]:
     """The lines before torchrun's closing report of a failed job, and the report's root
     cause in one line. The report (torchrun's own traceback ending in ChildFailedError, then
     the failures and their "Root Cause") and its agent's log lines fill a message by
     themselves and hide the failed rank's own error, printed before them."""
-    end = next((i for i in range(len(lines) - 1, -1, -1)
-                if lines[i].startswith(TORCHRUN_FAILED)), None)
+    end = _torchrun_report_at(lines)
     if end is None:
         return lines, None
     start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most")),
@@ -499,7 +505,7 @@ def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
     """nsys lost its agent while the session started: quick exit 1, no record of the run.
     Under torchrun (one nsys per rank), torchrun's own start-up comes first, and a rank that
     only saw its peer's nsys fail, stopped by torchrun, may have recorded just that."""
-    under_torchrun = any(line.startswith(TORCHRUN_FAILED) for line in outcome.tail)
+    under_torchrun = _torchrun_report_at(outcome.tail) is not None
     window = START_FAILURE_MAX_S + (TORCHRUN_START_S if under_torchrun else 0.0)
     nothing_recorded = own is None or (under_torchrun and launch.only_stopped(own))
     return (outcome.returncode == 1 and not outcome.timed_out and nothing_recorded
