@@ -20,6 +20,7 @@ import pytest
 from conftest import snakemake
 
 from pipeline import forkserver
+from workloads.proctree import alive
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -44,12 +45,6 @@ container: {variant: cpu}
 RUNS, REPEATS = ("gpt_tiny", "attn_math"), (0, 1)
 LEAK_RESULTS: dict[str, Path] = {}  # launcher -> results folder of the leak config's run
 
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def wait_gone(pid: int, seconds: float = 20) -> bool:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from workloads.proctree import alive
+
 REPO = Path(__file__).resolve().parent.parent
 NSYS_EXPORT = REPO / "tests/fixtures/h100/attention_naive_b32_s100_e256.sqlite"
 PY = sys.executable
@@ -29,13 +31,6 @@ def guard(out: Path, *cmd: str, opts: tuple[str, ...] = (), timeout: float = 60
 def result(out: Path) -> dict:
     return json.loads(out.read_text())
 
-
-def alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting to be reaped has finished)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def wait_for(path: Path, seconds: float = 20) -> str:

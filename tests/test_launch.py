@@ -18,17 +18,12 @@ from analysis.metrics.ranks import nccl_op, rank_timeline, step_breakdown
 from analysis.reading import Export
 from pipeline import config as cfg
 from pipeline.launch import merge_rank_failures
+from workloads.proctree import alive
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 H100_EXPORT = REPO / "tests/fixtures/h100/gpt_small_train_bf16_ctx512.sqlite"
 
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def wait_for_files(paths: list[Path], timeout: float = 60) -> None:
