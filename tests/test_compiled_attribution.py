@@ -113,6 +113,29 @@ def test_layers_are_counted_and_numbered(any_run) -> None:
                               "scaled_dot_product_attention")
 
 
+def test_a_recomputed_op_ahead_of_the_backward_joins_its_layer() -> None:
+    """32 layers (2.7B's count; a CPU compile, tests/fixtures/cpu/make_gpt_32layers_trace.py):
+    the backward graph starts with the last layer's attention forward, recomputed ahead of
+    the loss head's gradient. Counted alone it made 33 layers and the run lost its layer rows;
+    it belongs to the layer the backward starts with."""
+    from analysis.metrics.attribution import places_of
+    from analysis.reading.torchtrace import read_torch_trace
+
+    graphs = read_torch_trace(REPO / "tests/fixtures/cpu/gpt_32layers_bf16_compile_torch_trace")
+    places, found, ok = places_of(graphs, 32)
+    assert ok and set(found.values()) == {32}
+    backward = next(i for i, g in enumerate(graphs) if g.kind == "backward" and found.get(i))
+    graph, row = graphs[backward], places[backward]
+    attention = [(s.kernel, p.layer) for s, p in zip(graph.sites, row, strict=True)
+                 if "attention" in s.kernel]
+    assert attention[0][0].startswith("cpp_fused__scaled_dot_product_flash_attention")
+    assert attention[0][1] == 31  # the recompute: the last layer, whose backward comes first
+    assert [layer for _, layer in attention[1:]] == list(range(31, -1, -1))
+    forward = next(i for i, g in enumerate(graphs) if g.kind == "forward" and found.get(i))
+    assert [p.layer for s, p in zip(graphs[forward].sites, places[forward], strict=True)
+            if "attention" in s.kernel] == list(range(32))
+
+
 def test_known_sites_sit_where_the_model_code_is(run) -> None:
     for graph, places in zip(run.graphs, run.attribution.places, strict=True):
         for site, place in zip(graph.sites, places, strict=True):

@@ -138,6 +138,7 @@ def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
         if line is not None:
             prev_line = line
         counted[i] = index
+    counted = _merge_stray_layers(counted)
     clear_sites = [i for i, c in enumerate(counted) if c is not None]
     for i, path in enumerate(paths):
         if counted[i] is not None or not path or path[0].name != INDEXED:
@@ -153,6 +154,31 @@ def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
         next_sub = paths[nxt][1].name if len(paths[nxt]) > 1 else None
         counted[i] = counted[nxt] if sub is not None and sub == next_sub else counted[prev]
     return counted
+
+
+def _merge_stray_layers(counted: list[int | None]) -> list[int | None]:
+    """Layers counted from anchors, with stray ones folded into their neighbour.
+
+    Inductor's partitioner may recompute an op of the layer the backward starts with at the
+    very top of the backward graph, before the loss head's gradient (seen on 32 layers:
+    the last layer's attention forward, one anchor ahead of 32 layers of 15): counted alone it
+    is one layer too many.  A layer with fewer than half the median anchors per layer joins
+    the next layer in launch order (the previous one at the end), and layers are renumbered.
+    """
+    sizes = Counter(c for c in counted if c is not None)
+    if len(sizes) < 2:
+        return counted
+    typical = sorted(sizes.values())[len(sizes) // 2]
+    order = sorted(sizes)
+    target: dict[int, int] = {}
+    for pos, layer in enumerate(order):
+        if sizes[layer] * 2 >= typical:
+            continue
+        rest = order[pos + 1:] or order[:pos][::-1]
+        target[layer] = next((n for n in rest if sizes[n] * 2 >= typical), layer)
+    kept = sorted({target.get(c, c) for c in order})
+    renumber = {layer: n for n, layer in enumerate(kept)}
+    return [None if c is None else renumber[target.get(c, c)] for c in counted]
 
 
 def graph_places(graph: CompiledGraph) -> tuple[list[tuple[Region, ...]], list[int | None]]:
