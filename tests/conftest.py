@@ -5,6 +5,7 @@ process of its own with its own session fixtures)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -94,6 +95,21 @@ def private_tmpdir(workdir: Path) -> str:
     tmp = workdir.with_name(f"{workdir.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     return str(tmp)
+
+
+def guarded_capture(python: list[str], capture: list[str], result: Path, export: Path, *,
+                    cwd: Path, env: dict[str, str] | None = None) -> dict:
+    """Run an nsys capture as the pipeline's jobs do: under ``python -m pipeline.guard``,
+    which starts a capture again when nsys loses its own agent while the session starts (a
+    transient of nsys on a busy machine, not of the code under test). ``python`` is how the
+    guard is started (this interpreter, or the image's). The guard's result, checked ok."""
+    cmd = [*python, "-m", "pipeline.guard", "--out", str(result), "--expect", str(export),
+           "--", *map(str, capture)]
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and result.exists(), done.stdout[-4000:] + done.stderr[-4000:]
+    outcome = json.loads(result.read_text())
+    assert outcome["status"] == "ok", (outcome, done.stdout[-4000:], done.stderr[-4000:])
+    return outcome
 
 
 def copy_checkout(dest: Path, skip: tuple[str, ...] = ("tests/fixtures/", "published/")) -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SMOKE_CONFIG, snakemake
+from conftest import SMOKE_CONFIG, guarded_capture, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -161,22 +161,15 @@ def test_nsys_capture_inside_image(apptainer, cpu_image, tmp_path):
         "    with nvtx.annotate('probe_range'):\n"
         "        torch.ones(64, 64) @ torch.ones(64, 64)\n"
     )
-    _exec(
-        apptainer,
-        cpu_image,
-        "nsys",
-        "profile",
-        "--trace=nvtx,osrt",
-        "--sample=none",
-        "--cpuctxsw=none",
-        "--export=sqlite",
-        "-o",
-        tmp_path / "probe",
-        "python3",
-        "-c",
-        code,
+    # As the pipeline's jobs run in the image: under its guard (the image's own copy).
+    guarded_capture(
+        [apptainer, "exec", "--bind", str(tmp_path), cpu_image, "python3"],
+        ["nsys", "profile", "--trace=nvtx,osrt", "--sample=none", "--cpuctxsw=none",
+         "--export=sqlite", "-o", tmp_path / "probe", "python3", "-c", code],
+        tmp_path / "probe.json",
+        tmp_path / "probe.sqlite",
         cwd=tmp_path,
-        env={"TMPDIR": str(tmp_path)},  # nsys' session state of this capture alone
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # nsys' session state of this capture alone
     )
     assert _nvtx_ranges(tmp_path / "probe.sqlite")["probe_range"] == 3
     stats = _exec(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import guarded_capture
 
 from workloads.__main__ import main
 from workloads.attention import Attention
@@ -264,8 +265,8 @@ def profile_nvtx(nsys: str, tmp_path: Path, *workload_args: str) -> list[tuple[s
     cmd += ["workloads", *workload_args, "--device", "cpu"]
     # TMPDIR: nsys' session state of this capture alone (tests/conftest.py private_tmpdir)
     env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0", "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    guarded_capture([sys.executable], cmd, tmp_path / "capture.json",
+                    report.with_suffix(".sqlite"), cwd=REPO, env=env)
     with closing(sqlite3.connect(report.with_suffix(".sqlite"))) as db:
         rows = db.execute(
             "SELECT coalesce(e.text, s.value), e.start, e.end FROM NVTX_EVENTS e "
