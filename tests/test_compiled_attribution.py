@@ -122,7 +122,7 @@ def test_a_recomputed_op_ahead_of_the_backward_joins_its_layer() -> None:
     from analysis.reading.torchtrace import read_torch_trace
 
     graphs = read_torch_trace(REPO / "tests/fixtures/cpu/gpt_32layers_bf16_compile_torch_trace")
-    places, found, ok = places_of(graphs, 32)
+    places, found, ok, _ = places_of(graphs, 32)
     assert ok and set(found.values()) == {32}
     backward = next(i for i, g in enumerate(graphs) if g.kind == "backward" and found.get(i))
     graph, row = graphs[backward], places[backward]
@@ -134,6 +134,61 @@ def test_a_recomputed_op_ahead_of_the_backward_joins_its_layer() -> None:
     forward = next(i for i, g in enumerate(graphs) if g.kind == "forward" and found.get(i))
     assert [p.layer for s, p in zip(graphs[forward].sites, places[forward], strict=True)
             if "attention" in s.kernel] == list(range(32))
+
+
+def test_a_backward_scheduled_by_kind_is_split_by_node_order() -> None:
+    """GPT 2.7B bf16 under autocast, compiled, on the H100 (the published compile rung's
+    trimmed TORCH_TRACE): Inductor runs the input-gradient chain of all 32 layers, then
+    every layer's weight-gradient GEMMs, norm-weight reductions and gradient casts grouped
+    by kind. Launch order cannot split that tail; the FX node numbers can."""
+    from analysis.metrics.attribution import (
+        LAUNCH_ORDER,
+        NODE_ORDER,
+        count_layers,
+        graph_places,
+        places_of,
+        unanimous,
+    )
+    from analysis.metrics.nodeorder import node_key
+    from analysis.reading.torchtrace import read_torch_trace
+
+    graphs = read_torch_trace(REPO / "tests/fixtures/h100/gpt_train_2.7B_compile_torch_trace")
+    places, found, ok, counted_by = places_of(graphs, 32)
+    assert ok and set(found.values()) == {32}
+    backward = max((i for i, g in enumerate(graphs) if g.kind == "backward"),
+                   key=lambda i: len(graphs[i].sites))
+    assert counted_by[backward] == NODE_ORDER
+    assert {how for i, how in counted_by.items() if i != backward} == {LAUNCH_ORDER}
+    graph, row = graphs[backward], places[backward]
+    paths, _, _ = graph_places(graph)
+    in_order = count_layers(graph, paths, [unanimous(s.stack_traces) for s in graph.sites])
+    assert max(c for c in in_order if c is not None) + 1 != 32  # launch order fails here
+
+    # Each attention backward lands in the layer its own node number names (made last first).
+    for site, place in zip(graph.sites, row, strict=True):
+        names = [n for n in site.source_nodes if "attention_backward" in n]
+        if names:
+            assert place.layer == 31 - node_key(names[0])[1], site.source_nodes
+    # The input-gradient chain (launched layer by layer) keeps the layers launch order gives.
+    chain_end = next(i for i, p in enumerate(paths) if p and p[0].name == "final_norm")
+    for i in range(chain_end):
+        if in_order[i] is not None and row[i].layer is not None:
+            assert row[i].layer == 31 - in_order[i], (i, graph.sites[i].kernel)
+    # Every layer but the first gets the same calls: the same block, 32 times.
+    calls: dict[int, Counter] = {}
+    for site, place in zip(graph.sites, row, strict=True):
+        if place.layer is not None:
+            calls.setdefault(place.layer, Counter())[(site.kernel, place.sublayer)] += 1
+    assert sorted(calls) == list(range(32))
+    assert all(calls[layer] == calls[1] for layer in range(2, 32))
+    assert sum(calls[1].values()) == 32 and sum(calls[0].values()) == 31  # + embedding's grad
+    # e.g. the deferred casts of the weight gradients to fp32 (one node each), launched
+    # together after the chain: per layer, its 4 attention and 3 FFN weights
+    casts = Counter((p.layer, p.sublayer) for s, p in zip(graph.sites, row, strict=True)
+                    if p.layer is not None and len(s.source_nodes) == 1
+                    and s.source_nodes[0].startswith("convert_element_type"))
+    assert casts == {(layer, sub): n for layer in range(32)
+                     for sub, n in (("attention_sublayer", 4), ("ffn_sublayer", 3))}
 
 
 def test_known_sites_sit_where_the_model_code_is(run) -> None:
@@ -170,6 +225,7 @@ def test_layers_and_sublayers_cover_forward_and_backward(any_run) -> None:
     assert rows["attention_sublayer"]["Instances"] == 2 * run.n_layers * steps  # fwd + bwd
     metrics = attribution_metrics(run.ops, run.phases, run.attribution, list(rows.values()))
     assert metrics["kernel_map"] == "ok" and metrics["kernel_map_layers"] == run.n_layers
+    assert metrics["kernel_map_layer_order"] == "launch order"
     assert metrics["layer_share_fwd_bwd"] == pytest.approx(sum(layer_ns) / fwd_bwd)
     assert metrics["placed_share_fwd_bwd"] >= 0.95
     assert metrics["unattributed_share_fwd_bwd"] == pytest.approx(

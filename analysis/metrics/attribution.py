@@ -36,6 +36,7 @@ from functools import cache
 import numpy as np
 
 from analysis.metrics.gpuops import KERNEL, GpuOps
+from analysis.metrics.nodeorder import gemm_anchors, place_by_votes
 from analysis.reading.sourceregions import INDEXED, Region, trace_regions
 from analysis.reading.torchtrace import TRITON_PREFIX, CompiledGraph
 
@@ -43,6 +44,8 @@ from analysis.reading.torchtrace import TRITON_PREFIX, CompiledGraph
 UNMATCHED, ANCHOR, EXTERN, ORDERED, GLUE = range(5)
 STATUS_NAMES = ("unmatched", "triton", "extern", "extern (in order)", "glue")
 LAYER = "layer_{}"  # the name the eager run gives layer i (workloads/gpt.py)
+# how a graph's layers were counted (graph_places)
+LAUNCH_ORDER, NODE_ORDER = "launch order", "FX node order"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Attribution:
     n_layers: int | None  # expected (from the run's size), None when unknown
     layers_found: dict[int, int] = field(default_factory=dict)  # graph position -> layers
     layers_ok: bool = False
+    # graph position -> how its layers were counted (LAUNCH_ORDER or NODE_ORDER)
+    layers_counted_by: dict[int, str] = field(default_factory=dict)
 
     def place(self, op: int) -> Place | None:
         g = int(self.op_graph[op])
@@ -118,27 +123,13 @@ def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
     else of the previous one.  A graph without GEMM or attention calls counts every clear
     site.
     """
-    backward = graph.kind == "backward"
-    counted: list[int | None] = [None] * len(paths)
-    index, prev_line = -1, None
     anchors = [clear[i] and not site.is_triton and _extern_family(site.kernel) != "other"
                for i, site in enumerate(graph.sites)]
     if not any(anchors):
         anchors = clear
-    for i, path in enumerate(paths):
-        if not path or path[0].name != INDEXED or not anchors[i]:
-            continue
-        line = path[1].line if len(path) > 1 else None
-        if index < 0:
-            index = 0
-        elif line is not None and prev_line is not None and (
-            line > prev_line if backward else line < prev_line
-        ):
-            index += 1  # the sublayer went back: the next layer
-        if line is not None:
-            prev_line = line
-        counted[i] = index
-    counted = _merge_stray_layers(counted)
+    order = [i for i, path in enumerate(paths)
+             if path and path[0].name == INDEXED and anchors[i]]
+    counted = count_anchors(order, paths, backward=graph.kind == "backward")
     clear_sites = [i for i, c in enumerate(counted) if c is not None]
     for i, path in enumerate(paths):
         if counted[i] is not None or not path or path[0].name != INDEXED:
@@ -154,6 +145,37 @@ def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
         next_sub = paths[nxt][1].name if len(paths[nxt]) > 1 else None
         counted[i] = counted[nxt] if sub is not None and sub == next_sub else counted[prev]
     return counted
+
+
+def count_anchors(order: list[int], paths: list[tuple[Region, ...]], backward: bool
+                  ) -> list[int | None]:
+    """Per site: the layer of the anchors in ``order`` (0 = the first), a new layer starting
+    where the sublayer goes back (a later block in the source when the block is walked
+    backwards, an earlier one otherwise); stray layers merged; None for the other sites."""
+    counted: list[int | None] = [None] * len(paths)
+    index, prev_line = -1, None
+    for i in order:
+        path = paths[i]
+        line = path[1].line if len(path) > 1 else None
+        if index < 0:
+            index = 0
+        elif line is not None and prev_line is not None and (
+            line > prev_line if backward else line < prev_line
+        ):
+            index += 1  # the sublayer went back: the next layer
+        if line is not None:
+            prev_line = line
+        counted[i] = index
+    return _merge_stray_layers(counted)
+
+
+def count_layers_by_node_order(graph: CompiledGraph, paths: list[tuple[Region, ...]],
+                               clear: list[bool]) -> list[int | None]:
+    """Per site: the layer counted in the order the backward graph was built, read from its
+    FX node numbers (analysis/metrics/nodeorder.py), for a graph whose launch order mixes
+    its layers."""
+    order = gemm_anchors(graph, paths, clear, lambda kernel: _extern_family(kernel) == "gemm")
+    return place_by_votes(graph, paths, count_anchors(order, paths, backward=True))
 
 
 def _merge_stray_layers(counted: list[int | None]) -> list[int | None]:
@@ -181,11 +203,23 @@ def _merge_stray_layers(counted: list[int | None]) -> list[int | None]:
     return [None if c is None else renumber[target.get(c, c)] for c in counted]
 
 
-def graph_places(graph: CompiledGraph) -> tuple[list[tuple[Region, ...]], list[int | None]]:
-    """(majority range path, layer counted in launch order) of every call site."""
+def _layers(counted: list[int | None]) -> int:
+    return max((c for c in counted if c is not None), default=-1) + 1
+
+
+def graph_places(graph: CompiledGraph, n_layers: int | None = None
+                 ) -> tuple[list[tuple[Region, ...]], list[int | None], str]:
+    """(majority range path, layer counted) of every call site, and how layers were counted:
+    in launch order, or, for a backward graph where that does not find ``n_layers``, in the
+    order of its FX node numbers when that does."""
     paths = [majority_path(s.stack_traces) for s in graph.sites]
     clear = [unanimous(s.stack_traces) for s in graph.sites]
-    return paths, count_layers(graph, paths, clear)
+    counted = count_layers(graph, paths, clear)
+    if n_layers and graph.kind == "backward" and _layers(counted) not in (0, n_layers):
+        by_nodes = count_layers_by_node_order(graph, paths, clear)
+        if _layers(by_nodes) == n_layers:
+            return paths, by_nodes, NODE_ORDER
+    return paths, counted, LAUNCH_ORDER
 
 
 def _place(path: tuple[Region, ...], layer: int | None) -> Place:
@@ -199,16 +233,18 @@ def _place(path: tuple[Region, ...], layer: int | None) -> Place:
 
 
 def places_of(graphs: list[CompiledGraph], n_layers: int | None
-              ) -> tuple[list[list[Place]], dict[int, int], bool]:
+              ) -> tuple[list[list[Place]], dict[int, int], bool, dict[int, str]]:
     """Places of every call site; layers are kept only when every graph with layers shows
-    ``n_layers`` of them (or, without ``n_layers``, when they all show the same number)."""
+    ``n_layers`` of them (or, without ``n_layers``, when they all show the same number).
+    Also: layers counted and how, per graph position (graphs with layers)."""
     found: dict[int, int] = {}  # graph position -> layers counted
+    counted_by: dict[int, str] = {}
     parts = []
     for i, g in enumerate(graphs):
-        paths, counted = graph_places(g)
+        paths, counted, how = graph_places(g, n_layers)
         seen = [c for c in counted if c is not None]
         if seen:
-            found[i] = max(seen) + 1
+            found[i], counted_by[i] = max(seen) + 1, how
         parts.append((g, paths, counted))
     counts = set(found.values())
     ok = bool(found) and (counts == {n_layers} if n_layers is not None else len(counts) == 1)
@@ -222,7 +258,7 @@ def places_of(graphs: list[CompiledGraph], n_layers: int | None
                 layer = n - 1 - c if g.kind == "backward" else c
             row.append(_place(path, layer))
         places.append(row)
-    return places, found, ok
+    return places, found, ok, counted_by
 
 
 # -- 2. alignment -----------------------------------------------------------------------------
@@ -456,19 +492,20 @@ def align(ops: GpuOps, phase: np.ndarray, graphs: list[CompiledGraph],
 def attribute(ops: GpuOps, phase: np.ndarray, graphs: list[CompiledGraph],
               n_layers: int | None) -> Attribution:
     """Every op's compiled call site and place (module docstring)."""
-    places, found, ok = places_of(graphs, n_layers)
+    places, found, ok, counted_by = places_of(graphs, n_layers)
     n = ops.size
     out = Attribution(
         graphs=graphs, places=places,
         op_graph=np.full(n, -1, np.int64), op_site=np.full(n, -1, np.int64),
         op_invocation=np.full(n, -1, np.int64), op_status=np.full(n, UNMATCHED, np.int64),
-        n_layers=n_layers, layers_found=found, layers_ok=ok,
+        n_layers=n_layers, layers_found=found, layers_ok=ok, layers_counted_by=counted_by,
     )
     if graphs and n:
         align(ops, phase, graphs, places, out)
     return out
 
 
-__all__ = ["ANCHOR", "EXTERN", "GLUE", "LAYER", "ORDERED", "STATUS_NAMES", "UNMATCHED",
-           "Attribution", "Place", "align", "attribute", "count_layers", "graph_places",
+__all__ = ["ANCHOR", "EXTERN", "GLUE", "LAUNCH_ORDER", "LAYER", "NODE_ORDER", "ORDERED",
+           "STATUS_NAMES", "UNMATCHED", "Attribution", "Place", "align", "attribute",
+           "count_anchors", "count_layers", "count_layers_by_node_order", "graph_places",
            "majority_path", "places_of", "spread", "unanimous"]

@@ -19,6 +19,9 @@ memsets launched in ``forward_pass`` or ``backward_pass``):
   ``unattributed_share_fwd_bwd`` (1 - placed);
 * ``triton_matched_share``: Triton kernel instances matched / all;
 * ``kernel_map_layers``: layers found per graph (null unless all agree with the model);
+* ``kernel_map_layer_order``: how they were counted: ``launch order``, or ``FX node order``
+  for a backward graph scheduled with its layers mixed (analysis/metrics/nodeorder.py), both
+  joined by `` + `` when the graphs differ (null without layers);
 * ``graph_phase_split_replays``: CUDA-graph replays split into phases by node counts (null
   without ``graph_phases`` in the run record).
 """
@@ -165,6 +168,7 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
         "kernel_map": None,
         "kernel_map_graphs": None,
         "kernel_map_layers": None,
+        "kernel_map_layer_order": None,
         "triton_matched_share": None,
         "placed_share_fwd_bwd": None,
         "compiled_share_fwd_bwd": None,
@@ -191,6 +195,8 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
         "kernel_map": state if matched.any() or n_triton else "unused",
         "kernel_map_graphs": len(attribution.graphs),
         "kernel_map_layers": max(attribution.layers_found.values())
+        if attribution.layers_ok else None,
+        "kernel_map_layer_order": " + ".join(sorted(set(attribution.layers_counted_by.values())))
         if attribution.layers_ok else None,
         "triton_matched_share": matched_triton / n_triton if n_triton else None,
         "placed_share_fwd_bwd": share(has_place),
