@@ -346,10 +346,15 @@ def test_graph_node_counts_split_a_replay_into_phases(stem: str, make_counts) ->
     assert (unsplit.phase == op_phases(run.export, run.ops).phase).all()
 
 
-def test_phase_figure_shows_compiled_sublayers(tmp_path: Path) -> None:
-    """Eager and compiled runs side by side: the compiled one's sublayers come from
-    provenance and cover forward and backward."""
-    from analysis.outputs.figures import SUBLAYER_BASIS, phase_frame, plot_phase_gpu_time
+def test_phase_figure_shows_compiled_layers_and_sublayers(tmp_path: Path) -> None:
+    """Eager and compiled runs side by side: the compiled one's layers and sublayers come
+    from provenance and cover forward and backward."""
+    from analysis.outputs.figures import (
+        SUBLAYER_BASIS,
+        layer_frame,
+        phase_frame,
+        plot_phase_gpu_time,
+    )
 
     results = tmp_path / "results"
     runs = {"eager_bf16": ("gpt_small_train_bf16_ctx512", []),
@@ -368,6 +373,12 @@ def test_phase_figure_shows_compiled_sublayers(tmp_path: Path) -> None:
                                                compiled.attribution)}
     assert parts.loc["compiled", "ffn_sublayer"] == pytest.approx(
         rows["ffn_sublayer"]["Share of Step"], rel=1e-5)
+    layers = layer_frame(results, list(runs))
+    assert list(layers.index) == list(runs)
+    assert list(layers.columns) == [*range(12), SUBLAYER_BASIS]
+    assert layers.loc["compiled", SUBLAYER_BASIS] == "fwd+bwd, provenance"
+    assert [layers.loc["compiled", i] for i in range(12)] == pytest.approx(
+        [rows[f"layer_{i}"]["GPU ms/step"] for i in range(12)], rel=1e-5)
     import pandas as pd
 
     png = plot_phase_gpu_time(pd.DataFrame({"run": list(runs)}), results, tmp_path / "p.png")

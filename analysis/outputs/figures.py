@@ -44,6 +44,7 @@ ATTENTION_STEPS = ("computing attention scores", "causal mask construction",
                    "computing softmax", "final matmul")  # fmt: skip
 SUBLAYERS = ("attention_sublayer", "ffn_sublayer")
 SUBLAYER_BASIS = "basis"  # column of phase_frame's sublayer frame: how the rows were made
+LAYER_ROW = r"^layer_(\d+)$"  # phase_gpu_time.csv's layer rows (workloads/gpt.py names them)
 _NOT_RUNS = {"plots", "ladders", "logs", "published"}
 
 
@@ -211,6 +212,24 @@ def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFr
             pd.DataFrame.from_dict(parts, orient="index"))  # fmt: skip
 
 
+def layer_frame(results: Path, runs: list[str]) -> pd.DataFrame:
+    """run x layer index: GPU ms/step of each ``layer_<i>`` row, and the rows' basis."""
+    layers = {}
+    for run, table in stats_tables(results, runs, "phase_gpu_time.csv").items():
+        if "Kind" not in table:
+            continue
+        rows = table[table["Kind"].astype(str) == "layer"]
+        index = rows["Range"].astype(str).str.extract(LAYER_ROW, expand=False)
+        ms = num(rows, "GPU ms/step")
+        row = {int(i): float(v) for i, v in zip(index, ms, strict=True)
+               if pd.notna(i) and pd.notna(v)}
+        if row:
+            layers[run] = {**row, SUBLAYER_BASIS: _sublayer_basis(table)}
+    frame = pd.DataFrame.from_dict(layers, orient="index")
+    numbered = sorted(c for c in frame.columns if c != SUBLAYER_BASIS)
+    return frame[[*numbered, SUBLAYER_BASIS]] if layers else frame
+
+
 def _sublayer_basis(table: pd.DataFrame) -> str:
     """How a run's sublayer rows were attributed: NVTX ranges see forward launches only;
     compiled code is placed by provenance, forward and backward."""
@@ -226,8 +245,9 @@ def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Pat
     phases, parts = phase_frame(results, run_names(summary, results))
     if phases.empty:
         return style.empty_figure(path, title, "no phase_gpu_time.csv with phase ranges")
+    layers = layer_frame(results, run_names(summary, results))
     n_rows = len(phases) + (2 * len(parts) if not parts.empty else 0)
-    ncols = 3 if not parts.empty else 2
+    ncols = 2 + (not parts.empty) + (not layers.empty)
     fig, axes = style.figure(1, ncols, height=style.bar_rows_height(n_rows / 1.5 + 2))
     y = np.arange(len(phases))
     share = phases.div(phases.sum(axis=1), axis=0)
@@ -255,8 +275,29 @@ def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Pat
     ax.grid(alpha=0.3)
     if not parts.empty:
         _sublayer_panel(axes[0, 2], parts)
+    if not layers.empty:
+        _layer_panel(axes[0, ncols - 1], layers)
     fig.suptitle(title)
     return style.save(fig, path)
+
+
+def _layer_panel(ax: object, layers: pd.DataFrame) -> None:
+    """Each layer's GPU ms per step, one row of dots per run, coloured first to last layer:
+    the same block n times should line up; an outlier layer stands apart."""
+    numbered = [c for c in layers.columns if c != SUBLAYER_BASIS]
+    labels = []
+    for y, (run, row) in enumerate(layers.iterrows()):
+        ms = row[numbered].astype(float).dropna()
+        ax.scatter(ms.to_numpy(), np.full(len(ms), y), s=10, zorder=3,
+                   c=[style.layer_color(i, len(ms)) for i in ms.index])
+        labels.append(f"{style.short_label(str(run), 22)} · {len(ms)} layers "
+                      f"({row[SUBLAYER_BASIS]})")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("GPU ms per step, per layer (log; colour: first → last layer)")
+    ax.set_title("layers", fontsize=10)
+    ax.grid(alpha=0.3)
 
 
 def _sublayer_panel(ax: object, parts: pd.DataFrame) -> None:

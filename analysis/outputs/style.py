@@ -96,6 +96,11 @@ TRACED_COLOR = "#A6BDDB"  # the traced (nsys) value beside the untraced one
 MEASURED_COLOR = "#4C72B0"
 
 
+def layer_color(index: int, n_layers: int) -> tuple[float, float, float, float]:
+    """A model layer's colour, first to last along one sequential map."""
+    return plt.get_cmap("viridis")(index / max(n_layers - 1, 1))
+
+
 def status_label(status: object) -> str:
     """Short label of a status; ``capture_oom`` (the traced run failed) -> 'capture OOM'."""
     text = "no data" if status is None or status != status else str(status)  # NaN != NaN
