@@ -247,8 +247,12 @@ def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Pat
         return style.empty_figure(path, title, "no phase_gpu_time.csv with phase ranges")
     layers = layer_frame(results, run_names(summary, results))
     n_rows = len(phases) + (2 * len(parts) if not parts.empty else 0)
-    ncols = 2 + (not parts.empty) + (not layers.empty)
-    fig, axes = style.figure(1, ncols, height=style.bar_rows_height(n_rows / 1.5 + 2))
+    ncols = 3 if not parts.empty else 2
+    heights = [style.bar_rows_height(n_rows / 1.5 + 2)]
+    if not layers.empty:  # a row of its own below: one row of dots per run
+        heights.append(style.bar_rows_height(len(layers), extra=1.2))
+    fig, rows = style.stacked([ncols] + ([1] if not layers.empty else []), heights)
+    axes = rows[0]
     y = np.arange(len(phases))
     share = phases.div(phases.sum(axis=1), axis=0)
     left = np.zeros(len(phases))
@@ -276,7 +280,7 @@ def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Pat
     if not parts.empty:
         _sublayer_panel(axes[0, 2], parts)
     if not layers.empty:
-        _layer_panel(axes[0, ncols - 1], layers)
+        _layer_panel(rows[1][0, 0], layers)
     fig.suptitle(title)
     return style.save(fig, path)
 
@@ -290,7 +294,7 @@ def _layer_panel(ax: object, layers: pd.DataFrame) -> None:
         ms = row[numbered].astype(float).dropna()
         ax.scatter(ms.to_numpy(), np.full(len(ms), y), s=10, zorder=3,
                    c=[style.layer_color(i, len(ms)) for i in ms.index])
-        labels.append(f"{style.short_label(str(run), 22)} · {len(ms)} layers "
+        labels.append(f"{style.short_label(str(run), 40)} · {len(ms)} layers "
                       f"({row[SUBLAYER_BASIS]})")
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylim(len(labels) - 0.5, -0.5)

@@ -177,6 +177,16 @@ def figure(nrows: int = 1, ncols: int = 1, height: float = 4.0, **kwargs: object
                         squeeze=False, **kwargs)  # fmt: skip
 
 
+def stacked(ncols: list[int], heights: list[float]) -> tuple[Figure, list[object]]:
+    """A report-width figure of rows of panels laid out each on its own (subfigures: long
+    tick labels in one row do not squeeze the panels of another); ``heights`` in inches,
+    clamped together as in :func:`figure`. Per row, its axes as ``figure`` returns them."""
+    total = min(max(sum(heights), 2.0), 24.0)
+    fig = plt.figure(figsize=(WIDTH_IN, total), layout="constrained")
+    rows = fig.subfigures(len(ncols), 1, height_ratios=heights, squeeze=False)[:, 0]
+    return fig, [row.subplots(1, n, squeeze=False) for row, n in zip(rows, ncols, strict=True)]
+
+
 def bar_rows_height(rows: int, extra: float = 1.4) -> float:
     """Height for a horizontal bar chart of ``rows`` bars."""
     return extra + ROW_IN * max(rows, 1)
