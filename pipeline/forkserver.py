@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,6 +360,67 @@ def preload_list() -> tuple[str, ...]:
     return tuple(m.strip() for m in override.split(",") if m.strip()) if override else PRELOAD
 
 
+CUDA_CHECK = "torch.cuda.is_available (a child's answer)"  # its entry in the preload times
+
+
+@contextlib.contextmanager
+def cuda_check_answered_by_a_child() -> Iterator[Callable[[str], dict[str, float]]]:
+    """While preloading: once torch is imported, ``torch.cuda.is_available()`` answered by a
+    forked child that asks it the real way. Yields the hook to call after each import (it
+    returns what to log).
+
+    Inductor asks it at import (torch 2.11: ``runtime/benchmarking.py``, at module level).
+    Asked in the server it starts NVML's thread (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, the
+    jobs' setting) or the CUDA driver's, and a server with a second thread cannot fork: every
+    compiled job then imported Inductor and Triton itself (3-4 s on the H100). The child's
+    answer is the one a job would get (same machine; a job whose import-time environment
+    differs gets a process), and the real function is back before any job runs; only a
+    module that kept a reference to the function itself keeps that answer."""
+    replaced: list[Any] = []  # [torch.cuda, the real function] once replaced
+
+    def after_import(module: str) -> dict[str, float]:
+        if module != "torch" or replaced:
+            return {}
+        import torch
+
+        start = time.perf_counter()
+        real = torch.cuda.is_available
+        answer = ask_in_a_child(real)
+        if answer is not None:
+            torch.cuda.is_available = lambda: answer
+            replaced.extend((torch.cuda, real))
+        return {CUDA_CHECK: round(time.perf_counter() - start, 3)}
+
+    try:
+        yield after_import
+    finally:
+        if replaced:
+            replaced[0].is_available = replaced[1]
+
+
+def ask_in_a_child(question: Callable[[], bool], timeout_s: float = 60.0) -> bool | None:
+    """``question()`` asked in a forked child (whatever it starts dies with the child); None
+    when the child could not answer in time."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            code = 0 if question() else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return {0: True, 1: False}.get(os.waitstatus_to_exitcode(status))
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
 def preload() -> dict[str, float | str]:
     """Import the preload list, up to the first module whose import leaves a second thread
     (e.g. a library that initializes the CUDA driver, which starts its own thread: a fork
@@ -368,20 +430,22 @@ def preload() -> dict[str, float | str]:
     modules = preload_list()
     bad, why = known_threading_module(modules)
     times: dict[str, float | str] = {}
-    for i, module in enumerate(modules):
-        if bad is not None and i >= bad:
-            times[module] = (f"not preloaded: importing {modules[bad]} leaves a thread ({why})"
+    clean = modules if bad is None else modules[:bad]
+    with cuda_check_answered_by_a_child() as after_import:
+        for module in clean:
+            start = time.perf_counter()
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # noqa: BLE001 - optional modules may be absent or broken
+                if module not in OPTIONAL:
+                    raise
+                times[module] = f"not preloaded: {type(e).__name__}: {e}"
+                continue
+            times[module] = round(time.perf_counter() - start, 3)
+            times.update(after_import(module))
+    for i in range(len(clean), len(modules)):
+        times[modules[i]] = (f"not preloaded: importing {modules[bad]} leaves a thread ({why})"
                              if i == bad else f"not preloaded: after {modules[bad]}")
-            continue
-        start = time.perf_counter()
-        try:
-            importlib.import_module(module)
-        except Exception as e:  # noqa: BLE001 - optional modules may be absent or broken
-            if module not in OPTIONAL:
-                raise
-            times[module] = f"not preloaded: {type(e).__name__}: {e}"
-            continue
-        times[module] = round(time.perf_counter() - start, 3)
     return times
 
 
@@ -426,15 +490,17 @@ def first_threading_module(modules: tuple[str, ...], timeout_s: float = 300.0
         os.close(read_end)
         report: dict[str, Any] = {"bad": None, "why": None}
         try:
-            for i, module in enumerate(modules):
-                try:
-                    importlib.import_module(module)
-                except Exception:  # noqa: BLE001 - the real preload reports it
-                    pass
-                problem = threads_problem()
-                if problem:
-                    report = {"bad": i, "why": problem}
-                    break
+            with cuda_check_answered_by_a_child() as after_import:  # as the server will
+                for i, module in enumerate(modules):
+                    try:
+                        importlib.import_module(module)
+                    except Exception:  # noqa: BLE001 - the real preload reports it
+                        pass
+                    after_import(module)
+                    problem = threads_problem()
+                    if problem:
+                        report = {"bad": i, "why": problem}
+                        break
             os.write(write_end, json.dumps(report).encode())
         finally:
             os._exit(0)

@@ -95,3 +95,45 @@ def test_servers_of_one_invocation_probe_once(tmp_path: Path) -> None:
     assert verdict() == [1, "read back"]
     env["TORCH_SOMETHING"] = "1"  # another import-time environment: probed again
     assert verdict()[1].startswith("2 threads in the server")
+
+
+# A module that asks whether CUDA is available at import, as Inductor's benchmarking module
+# does (torch 2.11), keeping the answer.
+ASKS_CUDA = """
+import torch
+AVAILABLE = torch.cuda.is_available()
+"""
+
+
+def test_an_import_time_cuda_check_is_answered_by_a_child(tmp_path: Path) -> None:
+    """Asked in the server, the check would start a thread (NVML's, or the CUDA driver's):
+    here a stand-in that starts one and says True. The server asks a forked child instead, so
+    the module that asks is preloaded, gets the child's answer, and leaves one thread; the
+    real function is back afterwards, for the jobs."""
+    (tmp_path / "asks_cuda.py").write_text(ASKS_CUDA)
+    code = f"""
+import json, os, threading, time, torch
+from pipeline import forkserver as f
+
+def real_check():  # as NVML's init does: a thread of its own, then the answer
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    return True
+
+torch.cuda.is_available = real_check
+os.environ[f.ENV_PRELOAD] = "torch,asks_cuda"
+times = f.preload()
+import asks_cuda
+print(json.dumps({{"times": times, "answer": asks_cuda.AVAILABLE,
+                  "threads": len(os.listdir("/proc/self/task")),
+                  "restored": torch.cuda.is_available is real_check}}))
+"""
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    env.pop(forkserver.ENV_LOGS, None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)
+    found = json.loads(done.stdout)
+    assert isinstance(found["times"]["asks_cuda"], float), found["times"]  # preloaded
+    assert forkserver.CUDA_CHECK in found["times"]
+    assert found["answer"] is True  # what the real check says, asked in a child
+    assert found["threads"] == 1
+    assert found["restored"] is True
