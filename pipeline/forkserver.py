@@ -398,27 +398,37 @@ def cuda_check_answered_by_a_child() -> Iterator[Callable[[str], dict[str, float
             replaced[0].is_available = replaced[1]
 
 
-def ask_in_a_child(question: Callable[[], bool], timeout_s: float = 60.0) -> bool | None:
-    """``question()`` asked in a forked child (whatever it starts dies with the child); None
-    when the child could not answer in time."""
+def exit_code_in_a_child(work: Callable[[], int], timeout_s: float) -> int | None:
+    """Run ``work`` in a forked child, which exits with what it returns (1 if it raises);
+    its exit code, or None when it did not end in time (then it is killed). Whatever the
+    child starts (threads, a CUDA context) dies with it."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        code = 2
+        code = 1
         try:
-            code = 0 if question() else 1
-        finally:
-            os._exit(code)
+            code = work()
+        except BaseException:  # noqa: BLE001 - reported through the exit code and the log
+            with _suppress():
+                traceback.print_exc()
+        os._exit(code)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return {0: True, 1: False}.get(os.waitstatus_to_exitcode(status))
+            return os.waitstatus_to_exitcode(status)
         time.sleep(0.01)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+def ask_in_a_child(question: Callable[[], bool], timeout_s: float = 60.0) -> bool | None:
+    """``question()`` asked in a forked child; None when the child could not answer (it
+    failed, or not in time)."""
+    code = exit_code_in_a_child(lambda: 0 if question() else 2, timeout_s)
+    return {0: True, 2: False}.get(code) if code is not None else None
 
 
 def preload() -> dict[str, float | str]:
@@ -545,38 +555,25 @@ def fork_safety_problem() -> str | None:
 def probe_forked_gpu(timeout_s: float = 120.0) -> str | None:
     """Fork a child that creates a CUDA context and reads NVML, as a workload will: None if
     it can, else what failed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            import torch
 
-            has_gpu = Path("/dev/nvidiactl").exists()
-            if has_gpu or torch.cuda.is_available():
-                assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
-                assert torch.ones(1, device="cuda").add(1).item() == 2
-            nvml = sys.modules.get("pynvml")
-            if nvml is not None and has_gpu:
-                nvml.nvmlInit()
-                nvml.nvmlDeviceGetCount()
-                nvml.nvmlShutdown()
-            code = 0
-        except BaseException:  # noqa: BLE001 - reported through the exit code and the log
-            with _suppress():
-                traceback.print_exc()
-        os._exit(code)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            return None if code == 0 else f"could not use the GPU (probe exit {code})"
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return f"hung using the GPU (probe killed after {timeout_s:g} s)"
+    def use_the_gpu() -> int:
+        import torch
+
+        has_gpu = Path("/dev/nvidiactl").exists()
+        if has_gpu or torch.cuda.is_available():
+            assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
+            assert torch.ones(1, device="cuda").add(1).item() == 2
+        nvml = sys.modules.get("pynvml")
+        if nvml is not None and has_gpu:
+            nvml.nvmlInit()
+            nvml.nvmlDeviceGetCount()
+            nvml.nvmlShutdown()
+        return 0
+
+    code = exit_code_in_a_child(use_the_gpu, timeout_s)
+    if code is None:
+        return f"hung using the GPU (probe killed after {timeout_s:g} s)"
+    return None if code == 0 else f"could not use the GPU (probe exit {code})"
 
 
 def threads_problem() -> str | None:
