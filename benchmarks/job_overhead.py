@@ -79,6 +79,7 @@ def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, 
         "jobs": jobs,
         "stats": overhead_stats(jobs),
         "runs": run_spreads(results),
+        "parts": parts_stats(jobs),
         "preload": read_preloads(results / "logs"),
         "process_checks": process_checks(results, launcher),
     }
@@ -93,6 +94,7 @@ def read_side(results: Path, runs: list[str]) -> dict[str, Any]:
     launcher = "fork" if any(j.get("launcher") == "fork" for j in jobs) else "process"
     return {"launcher": launcher, "results": str(results), "returncode": 0,
             "wall_s": float("nan"), "jobs": jobs, "stats": overhead_stats(jobs),
+            "parts": parts_stats(jobs),
             "runs": run_spreads(results), "preload": read_preloads(results / "logs"),
             "process_checks": process_checks(results, launcher)}
 
@@ -139,7 +141,44 @@ def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
         "compile_s": record.get("compile_s"), "launcher": process.get("launcher"),
         "warmup_s": _sum_ms(record.get("warmup_times_ms")),
         "steps_s": _sum_ms(record.get("step_times_ms")),
+        "parts_s": job_parts(wall, record) if ok else None,
     }
+
+
+# Where a job's wall time went, in order (job_parts): Snakemake's job start and the guard's own
+# start and exit; from the guard starting the command to the workload process existing (a new
+# interpreter, or nsys starting what it traces; a fork: the request to the server, waiting
+# for it while it preloads); interpreter start and imports up to main(); the build (model,
+# optimizer, CUDA context); warm-up and measured steps (compilation included); writing the
+# record; from the record to the guard seeing the command end (interpreter exit, compile
+# workers; a capture: nsys stopping, writing the report and exporting it to SQLite).
+PARTS = ("snakemake", "launch", "imports", "build", "warmup_steps", "record", "exit")
+
+
+def job_parts(wall: float, record: dict[str, Any]) -> dict[str, float] | None:
+    """:data:`PARTS` of one job, seconds, from the guard's and the process's timelines (Unix
+    times); None for a record without them (made before they existed)."""
+    guard = record.get("guard_unix") or {}
+    marks = (record.get("process") or {}).get("timeline_unix") or {}
+    times = [guard.get("started"), marks.get("started"), marks.get("main"),
+             marks.get("built"), marks.get("measured"), marks.get("written"),
+             guard.get("ended")]
+    if any(t is None for t in times):
+        return None
+    inside = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
+    return dict(zip(PARTS, [round(wall - (times[-1] - times[0]), 3), *inside], strict=True))
+
+
+def parts_stats(jobs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per kind of job: the median seconds of each part, over the jobs that have them."""
+    out = {}
+    for kind in KINDS:
+        rows = [j["parts_s"] for j in jobs if j["kind"] == kind and j.get("parts_s")]
+        if rows:
+            out[kind] = {"jobs": len(rows),
+                         **{part: round(statistics.median(r[part] for r in rows), 3)
+                            for part in PARTS}}
+    return out
 
 
 def work_seconds(record: dict[str, Any]) -> float | None:
@@ -296,6 +335,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  {n}: process checks: {'; '.join(sides[n]['process_checks']) or 'clean'}")
         for slot, info in sides[n]["preload"].items():
             print(f"  {n}: fork server {slot}: {info}")
+    print_parts(sides, names)
     print("\nper run: CI half-width / spread of the per-process medians (relative)")
     runs = sorted(set().union(*(sides[n]["runs"] for n in names)))
     print(f"{'run':<58}" + "".join(f" | {n:>17}" for n in names))
@@ -306,6 +346,18 @@ def print_report(result: dict[str, Any]) -> None:
             cells.append(f" | {r['ci_half_width_rel']:7.2%} / {r['process_spread_rel']:7.2%}"
                          if r else f" | {'-':>17}")
         print(f"{run:<58}{''.join(cells)}")
+
+
+def print_parts(sides: dict[str, dict[str, Any]], names: list[str]) -> None:
+    """Where the seconds went, per side and kind of job (median seconds of each part)."""
+    rows = [(n, kind, p) for n in names for kind, p in sides[n].get("parts", {}).items()]
+    if not rows:
+        return
+    print("\nwhere a job's seconds went (median s per part; job_overhead.PARTS)")
+    print(f"{'side / kind':<24}" + "".join(f"{part:>13}" for part in PARTS) + "     n")
+    for n, kind, p in rows:
+        print(f"{n + ' / ' + kind:<24}" + "".join(f"{p[part]:13.2f}" for part in PARTS)
+              + f"{p['jobs']:6d}")
 
 
 def _s(value: float | None) -> str:

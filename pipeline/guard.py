@@ -12,7 +12,8 @@ signalled, timed and judged as a started one; when no server can serve it, it is
 a process. RESULT.json ends up with a ``status``:
 
 * the command's own (it wrote RESULT.json with a ``status``: ok | oom | unsupported | error),
-  kept as written plus ``returncode`` and ``elapsed_s``;
+  kept as written plus ``returncode``, ``elapsed_s`` and ``guard_unix`` (when the command
+  started and ended, Unix times: the job's timeline in benchmarks/job_overhead.py);
 * ``timeout``: it ran past --timeout-s; the whole group got SIGTERM, then SIGKILL after
   --grace-s;
 * ``oom``: it was SIGKILLed (the kernel's OOM killer), exited 3 (the workloads' OOM code) or
@@ -104,6 +105,7 @@ class Outcome:
     returncode: int
     elapsed_s: float
     timed_out: bool
+    started_unix: float  # when the command was started (the job's timeline starts here)
     tail: collections.deque[str] = field(default_factory=collections.deque)
 
     @property
@@ -213,7 +215,7 @@ def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
     With `fork_slot`, the fork server of that slot forks it when it can (the time spent
     waiting for a server that is still starting counts against the timeout)."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    start = time.monotonic()
+    start, started_unix = time.monotonic(), round(time.time(), 3)
     proc, stdout, stderr = _launch(cmd, fork_slot, timeout_s, start)
     running.append(proc)
     pumps = [_pump(stdout, sys.stdout.buffer, tail), _pump(stderr, sys.stderr.buffer, tail)]
@@ -229,7 +231,8 @@ def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
     lost = getattr(proc, "lost", None)
     if lost:
         tail.append(f"guard: {lost}")
-    return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out, tail)
+    return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out,
+                   started_unix, tail)
 
 
 def _launch(cmd: list[str], fork_slot: int | None, timeout_s: float | None,
@@ -378,7 +381,9 @@ def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None)
                                   f"last output:\n{output}")
     else:  # no status of its own: the exit says; keep whatever the record holds
         result = {**(own or {}), **classify_failure(outcome)}
-    result.update(returncode=outcome.returncode, elapsed_s=outcome.elapsed_s)
+    result.update(returncode=outcome.returncode, elapsed_s=outcome.elapsed_s,
+                  guard_unix={"started": outcome.started_unix,
+                              "ended": round(outcome.started_unix + outcome.elapsed_s, 3)})
     if outcome.signal_name and outcome.returncode < 0:
         result["signal"] = outcome.signal_name
     return result

@@ -185,6 +185,7 @@ def test_overhead_benchmark_reads_every_timing_job(leak_records) -> None:
     """benchmarks/job_overhead.py on the two runs: a row per job with its wall time from
     Snakemake's benchmark file, the work from the job's record, the launcher that ran it."""
     job_overhead = load_benchmark()
+    medians = {}
     for launcher, results in LEAK_RESULTS.items():
         jobs = job_overhead.read_jobs(results)
         assert sorted(j["job"] for j in jobs) == sorted(f"{r}.r{i}" for r in RUNS for i in REPEATS)
@@ -192,9 +193,20 @@ def test_overhead_benchmark_reads_every_timing_job(leak_records) -> None:
             assert job["kind"] == "timing" and job["launcher"] == launcher
             assert job["overhead_s"] == pytest.approx(job["wall_s"] - job["work_s"], abs=1e-3)
             assert job["work_s"] == pytest.approx(job["warmup_s"] + job["steps_s"], abs=1e-3)
+            # where its seconds went: the guard's and the process's timelines, in order
+            parts = job["parts_s"]
+            # (the process's start comes from /proc in 10 ms ticks)
+            assert all(parts[p] >= -0.05 for p in job_overhead.PARTS), parts
+            assert sum(parts.values()) == pytest.approx(job["wall_s"], abs=0.01)
+            # the marks enclose the warm-up and the measured steps
+            assert job["work_s"] - 0.02 <= parts["warmup_steps"] <= job["work_s"] + 1.0, parts
         assert job_overhead.overhead_stats(jobs)["timing"]["jobs"] == len(jobs)
+        medians[launcher] = job_overhead.parts_stats(jobs)["timing"]
+        assert medians[launcher]["jobs"] == len(jobs)
         assert job_overhead.process_checks(results, launcher) == []
         assert set(job_overhead.run_spreads(results)) == set(RUNS)
+    # a new interpreter imports torch before main(); a fork of a server that did does not
+    assert medians["process"]["imports"] > 10 * medians["fork"]["imports"], medians
     # the other launcher's records fail the check
     assert job_overhead.process_checks(LEAK_RESULTS["fork"], "process")
 

@@ -111,7 +111,7 @@ def test_an_import_time_cuda_check_is_answered_by_a_child(tmp_path: Path) -> Non
     the module that asks is preloaded, gets the child's answer, and leaves one thread; the
     real function is back afterwards, for the jobs."""
     (tmp_path / "asks_cuda.py").write_text(ASKS_CUDA)
-    code = f"""
+    code = """
 import json, os, threading, time, torch
 from pipeline import forkserver as f
 
@@ -123,9 +123,9 @@ torch.cuda.is_available = real_check
 os.environ[f.ENV_PRELOAD] = "torch,asks_cuda"
 times = f.preload()
 import asks_cuda
-print(json.dumps({{"times": times, "answer": asks_cuda.AVAILABLE,
+print(json.dumps({"times": times, "answer": asks_cuda.AVAILABLE,
                   "threads": len(os.listdir("/proc/self/task")),
-                  "restored": torch.cuda.is_available is real_check}}))
+                  "restored": torch.cuda.is_available is real_check}))
 """
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
     env.pop(forkserver.ENV_LOGS, None)

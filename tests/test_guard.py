@@ -100,7 +100,10 @@ def test_own_status_is_kept(tmp_path: Path) -> None:
     guard(out, PY, "-c", code)
     r = result(out)
     assert r == {"status": "unsupported", "message": "bf16 needs a GPU", "steps": 3,
-                 "returncode": 4, "elapsed_s": r["elapsed_s"]}
+                 "returncode": 4, "elapsed_s": r["elapsed_s"], "guard_unix": r["guard_unix"]}
+    # when the command started and ended, for the job's timeline (benchmarks/job_overhead.py)
+    assert r["guard_unix"]["ended"] - r["guard_unix"]["started"] == pytest.approx(
+        r["elapsed_s"], abs=0.002)
 
 
 def test_stale_result_of_an_earlier_run_is_not_kept(tmp_path: Path) -> None:

@@ -158,6 +158,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
             check_capturable(device, args.dtype, args.mode)
         workload = build_workload(args, device, wrap=run.wrap if run else None)
         record.result["process"].update(process_state.after_build())
+        process_state.mark(record.result["process"], "built")
     except ValueError as err:  # invalid combination of options: a usage error
         record.fail("error", str(err))
         record.write()
@@ -181,6 +182,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
                 before_measure=before_measure,
                 after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
             )
+        process_state.mark(record.result["process"], "measured")
         record.succeed(workload, measurement, gpu.result(), graph)
         if run:
             run.complete(record.result, workload.tokens_per_step)
@@ -203,6 +205,7 @@ class Record:
     def __init__(self, args: argparse.Namespace, device: torch.device, memory_limited: bool):
         self.args, self.device = args, device
         process = process_state.at_start()  # first: nothing below may touch it (docs/timing.md)
+        process_state.mark(process, "main")
         params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                   if parallel.is_distributed(args) or k not in parallel.ARGS}
         params.pop("workload")
@@ -282,6 +285,7 @@ class Record:
         )
 
     def write(self) -> None:
+        process_state.mark(self.result["process"], "written")
         if self.args.out is not None:
             self.args.out.parent.mkdir(parents=True, exist_ok=True)
             self.args.out.write_text(json.dumps(self.result, indent=2) + "\n")

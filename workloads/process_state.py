@@ -20,6 +20,8 @@ import hashlib
 import os
 import random
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +48,26 @@ def at_start() -> dict[str, Any]:
         "torch_initial_seed": torch.initial_seed(),
         "torch_rng_digest": _digest(torch.default_generator.get_state()),
     }
+
+
+def started_unix() -> float | None:
+    """When this process began (a forked child: its fork), Unix time to ~10 ms, from its
+    age in /proc (start ticks against the system's uptime); None where there is no /proc."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(after_name[19])  # field 22, starttime (the name is field 2)
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK")), 3)
+
+
+def mark(section: dict[str, Any], moment: str) -> None:
+    """Note when this process reached ``moment`` (Unix time) in the section's timeline:
+    started, main, built, measured, written (benchmarks/job_overhead.py turns the marks and
+    the guard's into where a job's seconds went)."""
+    section.setdefault("timeline_unix", {"started": started_unix()})[moment] = round(
+        time.time(), 3)
 
 
 def after_build() -> dict[str, Any]:
