@@ -121,6 +121,7 @@ def test_a_rank_whose_peer_already_left_still_leaves_the_group(tmp_path: Path) -
             "from workloads.parallel import DistributedRun\n"
             "dist.init_process_group('gloo')\n"
             "rank = dist.get_rank()\n"
+            "dist.barrier()  # both ends of the mesh connected before rank 1 leaves\n"
             "run = DistributedRun(argparse.Namespace(parallel='ddp'), torch.device('cpu'), rank,"
             " rank, 2, 'gloo')\n"
             "if rank == 1:\n"
