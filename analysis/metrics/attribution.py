@@ -242,9 +242,8 @@ def places_of(graphs: list[CompiledGraph], n_layers: int | None
     parts = []
     for i, g in enumerate(graphs):
         paths, counted, how = graph_places(g, n_layers)
-        seen = [c for c in counted if c is not None]
-        if seen:
-            found[i], counted_by[i] = max(seen) + 1, how
+        if layers := _layers(counted):
+            found[i], counted_by[i] = layers, how
         parts.append((g, paths, counted))
     counts = set(found.values())
     ok = bool(found) and (counts == {n_layers} if n_layers is not None else len(counts) == 1)
