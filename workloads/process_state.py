@@ -66,8 +66,10 @@ def mark(section: dict[str, Any], moment: str) -> None:
     """Note when this process reached ``moment`` (Unix time) in the section's timeline:
     started, main, built, measured, written (benchmarks/job_overhead.py turns the marks and
     the guard's into where a job's seconds went)."""
-    section.setdefault("timeline_unix", {"started": started_unix()})[moment] = round(
-        time.time(), 3)
+    now = round(time.time(), 3)
+    if "timeline_unix" not in section:  # the first mark: when the process began, once
+        section["timeline_unix"] = {"started": started_unix()}
+    section["timeline_unix"][moment] = now
 
 
 def after_build() -> dict[str, Any]:

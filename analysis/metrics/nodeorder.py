@@ -90,7 +90,7 @@ def _known_nodes(graph: CompiledGraph, layer: Sequence[int | None],
 def _node_vote(known: list[_Known], number: int, where: tuple[int, ...],
                loose: bool) -> int | None:
     """The layer a node of a call at ``where`` is in, from the placed nodes of its kind."""
-    k = bisect.bisect_left([n.number for n in known], number)
+    k = bisect.bisect_left(known, number, key=lambda n: n.number)
     if k < len(known) and known[k].number == number:
         return known[k].layer
     lo = known[k - 1] if k > 0 else None

@@ -195,8 +195,17 @@ def _sweep_lines(ax: object, part: pd.DataFrame, column: str, scale: float) -> N
 # -- 3. phase GPU time ----------------------------------------------------------------------
 def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(run x phase GPU ms/step, run x sublayer/attention-step share of step)."""
+    return _phase_frames(stats_tables(results, runs, "phase_gpu_time.csv"))
+
+
+def layer_frame(results: Path, runs: list[str]) -> pd.DataFrame:
+    """run x layer index: GPU ms/step of each ``layer_<i>`` row, and the rows' basis."""
+    return _layer_frame(stats_tables(results, runs, "phase_gpu_time.csv"))
+
+
+def _phase_frames(tables: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
     phases, parts = {}, {}
-    for run, table in stats_tables(results, runs, "phase_gpu_time.csv").items():
+    for run, table in tables.items():
         if "Range" not in table:
             continue
         ms = num(table, "GPU ms/step").set_axis(table["Range"].astype(str))
@@ -212,10 +221,9 @@ def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFr
             pd.DataFrame.from_dict(parts, orient="index"))  # fmt: skip
 
 
-def layer_frame(results: Path, runs: list[str]) -> pd.DataFrame:
-    """run x layer index: GPU ms/step of each ``layer_<i>`` row, and the rows' basis."""
+def _layer_frame(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     layers = {}
-    for run, table in stats_tables(results, runs, "phase_gpu_time.csv").items():
+    for run, table in tables.items():
         if "Kind" not in table:
             continue
         rows = table[table["Kind"].astype(str) == "layer"]
@@ -242,10 +250,11 @@ def _sublayer_basis(table: pd.DataFrame) -> str:
 
 def plot_phase_gpu_time(summary: pd.DataFrame, results: Path, path: Path) -> Path:
     title = "GPU time per training phase (by launch inside each NVTX phase range)"
-    phases, parts = phase_frame(results, run_names(summary, results))
+    tables = stats_tables(results, run_names(summary, results), "phase_gpu_time.csv")
+    phases, parts = _phase_frames(tables)
     if phases.empty:
         return style.empty_figure(path, title, "no phase_gpu_time.csv with phase ranges")
-    layers = layer_frame(results, run_names(summary, results))
+    layers = _layer_frame(tables)
     n_rows = len(phases) + (2 * len(parts) if not parts.empty else 0)
     ncols = 3 if not parts.empty else 2
     heights = [style.bar_rows_height(n_rows / 1.5 + 2)]

@@ -172,17 +172,20 @@ def fmt_pct(share: float) -> str:
 def figure(nrows: int = 1, ncols: int = 1, height: float = 4.0, **kwargs: object
            ) -> tuple[Figure, object]:
     """A report-width figure; ``height`` in inches (clamped to stay on a screen or two)."""
-    height = min(max(height, 2.0), 24.0)
-    return plt.subplots(nrows, ncols, figsize=(WIDTH_IN, height), layout="constrained",
-                        squeeze=False, **kwargs)  # fmt: skip
+    return plt.subplots(nrows, ncols, figsize=(WIDTH_IN, _on_screen(height)),
+                        layout="constrained", squeeze=False, **kwargs)  # fmt: skip
+
+
+def _on_screen(height: float) -> float:
+    """A figure height in inches, kept between 2 and 24 (a screen or two)."""
+    return min(max(height, 2.0), 24.0)
 
 
 def stacked(ncols: list[int], heights: list[float]) -> tuple[Figure, list[object]]:
     """A report-width figure of rows of panels laid out each on its own (subfigures: long
     tick labels in one row do not squeeze the panels of another); ``heights`` in inches,
     clamped together as in :func:`figure`. Per row, its axes as ``figure`` returns them."""
-    total = min(max(sum(heights), 2.0), 24.0)
-    fig = plt.figure(figsize=(WIDTH_IN, total), layout="constrained")
+    fig = plt.figure(figsize=(WIDTH_IN, _on_screen(sum(heights))), layout="constrained")
     rows = fig.subfigures(len(ncols), 1, height_ratios=heights, squeeze=False)[:, 0]
     return fig, [row.subplots(1, n, squeeze=False) for row, n in zip(rows, ncols, strict=True)]
 
