@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,7 @@ def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
     process = record.get("process") or {}
     return {
         "kind": kind, "run": run, "job": name, "status": status, "wall_s": wall,
+        "workload": record.get("workload"),
         "work_s": work, "overhead_s": round(wall - work, 3) if ok else None,
         "compile_s": record.get("compile_s"), "launcher": process.get("launcher"),
         "warmup_s": _sum_ms(record.get("warmup_times_ms")),
@@ -151,8 +152,10 @@ def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
 # for it while it preloads); interpreter start and imports up to main(); the build (model,
 # optimizer, CUDA context); warm-up and measured steps (compilation included); writing the
 # record; from the record to the guard seeing the command end (interpreter exit, compile
-# workers; a capture: nsys stopping, writing the report and exporting it to SQLite).
-PARTS = ("snakemake", "launch", "imports", "build", "warmup_steps", "record", "exit")
+# workers; a capture: nsys stopping, writing the report and exporting it to SQLite). `region`
+# is taken out of the warm-up and steps: entering and leaving the measured region, where a
+# capture's nsys starts and stops collecting (the record's region_ms; ~0 untraced).
+PARTS = ("snakemake", "launch", "imports", "build", "warmup_steps", "region", "record", "exit")
 
 
 def job_parts(wall: float, record: dict[str, Any]) -> dict[str, float] | None:
@@ -166,6 +169,8 @@ def job_parts(wall: float, record: dict[str, Any]) -> dict[str, float] | None:
     if any(t is None for t in times):
         return None
     inside = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]
+    region = round(sum((record.get("region_ms") or {}).values()) / 1e3, 3)
+    inside[3:4] = [round(inside[3] - region, 3), region]  # out of warm-up and steps
     return dict(zip(PARTS, [round(wall - (times[-1] - times[0]), 3), *inside], strict=True))
 
 
@@ -379,22 +384,39 @@ class Costs:
     compile_s: float = 20.0  # a compiled run's warm-up beyond its steps (torch.compile)
     trace_slowdown: float = 1.3  # a traced step / an untraced one (docs/timing.md)
 
+    # a compiled run's compilation per workload (attention cells compile far less than a GPT)
+    compile_s_by_workload: dict[str, float] = field(default_factory=dict)
+
     @classmethod
-    def from_result(cls, result: dict[str, Any], launcher: str = "fork") -> Costs:
-        side = result["sides"][launcher]
-        stats = side["stats"]
-        jobs = side["jobs"]
-        compiles = [j["compile_s"] for j in jobs if j.get("compile_s")]
-        walls = sum(j["wall_s"] for j in jobs)
+    def from_results(cls, results: list[dict[str, Any]], launcher: str = "fork") -> Costs:
+        """The medians over the jobs of every result's `launcher` side."""
+        sides = [r["sides"][launcher] for r in results]
+        jobs = [j for side in sides for j in side["jobs"]]
+        stats = overhead_stats(jobs)
+        # Snakemake's time between jobs, from invocations timed whole (not a --read side)
+        gaps = [max(0.0, (side["wall_s"] - sum(j["wall_s"] for j in side["jobs"]))
+                    / max(1, len(side["jobs"])))
+                for side in sides if math.isfinite(side.get("wall_s") or math.nan)]
+        compiles: dict[str, list[float]] = {}
+        for j in jobs:
+            if j.get("compile_s"):
+                compiles.setdefault(j.get("workload") or "", []).append(j["compile_s"])
+        everything = [c for values in compiles.values() for c in values]
         return cls(
             timing_overhead_s=stats["timing"]["median_s"] or 0.0,
             compiled_timing_overhead_s=(stats["timing_compiled"]["median_s"]
                                         or stats["timing"]["median_s"] or 0.0),
             capture_overhead_s=stats["capture"]["median_s"] or 0.0,
             calibrate_s=stats["calibrate"]["median_s"] or 0.0,
-            gap_s=max(0.0, (side["wall_s"] - walls) / max(1, len(jobs))),
-            compile_s=statistics.median(compiles) if compiles else cls.compile_s,
+            gap_s=max(gaps) if gaps else cls.gap_s,
+            compile_s=statistics.median(everything) if everything else cls.compile_s,
+            compile_s_by_workload={w: round(statistics.median(v), 3)
+                                   for w, v in compiles.items() if w},
         )
+
+    def compile_for(self, workload: str) -> float:
+        """A compiled run's compilation: its workload's median, else every workload's."""
+        return self.compile_s_by_workload.get(workload, self.compile_s)
 
 
 def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: bool,
@@ -410,7 +432,7 @@ def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: 
     for name, params in runs.items():
         step_s = step_ms(name, params) / 1e3
         compiled = params.get("compile", "off") != "off"
-        compile_s = costs.compile_s if compiled else 0.0
+        compile_s = costs.compile_for(params["workload"]) if compiled else 0.0
         warm = params.get("warmup", 0) * step_s
         steps = params.get("steps", 1) * step_s
         n_jobs = repeats
@@ -519,14 +541,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --read: only these runs (e.g. the default config's)")
     parser.add_argument("--project", type=Path, metavar="CONFIG",
                         help="project this config's wall time from --costs")
-    parser.add_argument("--costs", type=Path, help="a result JSON of this benchmark")
+    parser.add_argument("--costs", nargs="+", type=Path,
+                        help="result JSONs of this benchmark (their jobs' medians)")
     parser.add_argument("--measured", nargs="*", type=Path, default=[],
                         help="results folders whose step times the projection uses")
     parser.add_argument("snakemake_args", nargs="*", help="after --: more Snakemake arguments")
     args = parser.parse_args(argv)
 
     if args.project:
-        costs = Costs.from_result(json.loads(args.costs.read_text())) if args.costs else None
+        costs = (Costs.from_results([json.loads(p.read_text()) for p in args.costs])
+                 if args.costs else None)
         if costs is None:
             parser.error("--project needs --costs (a result JSON of this benchmark)")
         projection = project(args.project, costs, args.measured)

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workloads.cachedir import cache_dir
+
 MIN_NSYS = (2024, 2)
 # Where Debian's archive is fetched from (scripts/install-nsys.sh, scripts/setup-apptainer.sh).
 DEBIAN_ARCHIVE = ("deb.debian.org", 80)
@@ -275,18 +277,13 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _cache() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("PROFBENCH_CACHE") or Path(xdg) / "profbench")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.gpu:
             check_gpu(["--gpu"], args.why)
         if args.apptainer:
-            check_apptainer(_cache())
+            check_apptainer(cache_dir())
         if args.nsys:
             check_nsys_version(args.nsys)
         if args.results:

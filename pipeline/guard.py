@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline import forkserver, launch
+from pipeline import bytecode, forkserver, launch
 from workloads.proctree import descendants
 
 DEFAULT_GRACE_S = 10.0
@@ -546,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     running: list[Proc] = []
     _install_stop_handlers()
+    note = bytecode.keep_bytecode(os.environ)  # before a fork server starts in this env
+    if note:
+        print(f"guard: {note}", file=sys.stderr, flush=True)
     if args.fork_slot is None:
         _adopt_orphans()
     try:

@@ -1,4 +1,4 @@
-"""The tools a run uses: where the project's cache is, which nsys profiles, apptainer for
+"""The tools a run uses: which nsys profiles, apptainer for
 `--use-singularity`, and the image build's arguments."""
 
 from __future__ import annotations
@@ -19,14 +19,6 @@ NSYS_SUBDIR = "nsys-2024.2.3"
 
 class ToolError(RuntimeError):
     """A tool the run needs is missing and cannot be installed here."""
-
-
-def cache_dir() -> Path:
-    """$PROFBENCH_CACHE, else $XDG_CACHE_HOME/profbench, else ~/.cache/profbench."""
-    explicit = os.environ.get("PROFBENCH_CACHE")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "profbench"
 
 
 def cached_nsys(cache: Path) -> tuple[Path, Path]:

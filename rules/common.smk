@@ -20,6 +20,7 @@ from pipeline import forkserver as _forkserver  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
 from pipeline import resources as _resources  # noqa: E402
 from pipeline import tools as _tools  # noqa: E402
+from workloads.cachedir import cache_dir as _cache_dir  # noqa: E402
 
 
 def _workflow_error(e):
@@ -101,7 +102,7 @@ def torch_trace_env(wildcards, output):
 
 
 # --- the container image (built by rules/container.smk) ---------------------------------------
-PROFBENCH_CACHE = _tools.cache_dir()
+PROFBENCH_CACHE = _cache_dir()
 CONTAINER = config["container"]
 CONTAINER_VARIANT = CONTAINER["variant"]
 # The image the jobs use, in the workdir (a hard link to the hash-keyed cached build).

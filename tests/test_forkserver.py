@@ -200,6 +200,8 @@ def test_overhead_benchmark_reads_every_timing_job(leak_records) -> None:
             assert sum(parts.values()) == pytest.approx(job["wall_s"], abs=0.01)
             # the marks enclose the warm-up and the measured steps
             assert job["work_s"] - 0.02 <= parts["warmup_steps"] <= job["work_s"] + 1.0, parts
+            # untraced, entering and leaving the measured region costs nothing
+            assert 0 <= parts["region"] < 0.05, parts
         assert job_overhead.overhead_stats(jobs)["timing"]["jobs"] == len(jobs)
         medians[launcher] = job_overhead.parts_stats(jobs)["timing"]
         assert medians[launcher]["jobs"] == len(jobs)
@@ -215,19 +217,23 @@ def test_projection_adds_up_per_job_costs() -> None:
     job_overhead = load_benchmark()
     costs = job_overhead.Costs(timing_overhead_s=1.0, compiled_timing_overhead_s=3.0,
                                capture_overhead_s=10.0, calibrate_s=5.0, gap_s=0.5,
-                               compile_s=20.0, trace_slowdown=2.0)
+                               compile_s=20.0, trace_slowdown=2.0,
+                               compile_s_by_workload={"attention_core": 2.0})
     runs = {
         "eager": {"workload": "gpt", "warmup": 2, "steps": 10, "profile": True},
         "compiled": {"workload": "gpt", "warmup": 4, "steps": 10, "profile": False,
                      "compile": "default"},
+        "cell": {"workload": "attention_core", "warmup": 4, "steps": 10, "profile": False,
+                 "compile": "default"},
     }
     out = job_overhead.project_wall_time(runs, repeats=3, calibrate=True, costs=costs,
                                          step_ms=lambda name, _: 100.0)
     eager = 3 * (1.0 + 0.2 + 1.0) + (10.0 + 0.2 + 2.0)  # 3 timing jobs + 1 capture
-    compiled = 3 * (3.0 + 0.4 + 20.0 + 1.0)
-    gaps = (4 + 3) * 0.5
-    assert out["gpu_jobs"] == 1 + 4 + 3
-    assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + gaps)
+    compiled = 3 * (3.0 + 0.4 + 20.0 + 1.0)  # a GPT: no measured compile of its own
+    cell = 3 * (3.0 + 0.4 + 2.0 + 1.0)  # an attention cell: its workload's compile
+    gaps = (4 + 3 + 3) * 0.5
+    assert out["gpu_jobs"] == 1 + 4 + 3 + 3
+    assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + cell + gaps)
 
 
 def load_benchmark():  # noqa: ANN201 - a module loaded from a path

@@ -206,6 +206,12 @@ def test_train_run_nvtx_counts_match_steps_and_layers(smoke_workdir: Path) -> No
     assert "warmup" not in counts
     times = json.loads((results(smoke_workdir) / "gpt_tiny_train_fp32" / "times.json").read_text())
     assert len(times["step_times_ms"]) == steps
+    # nsys starts and stops collecting where the measured region begins and ends: a cost the
+    # record names (region_ms), outside every step; the untraced twin pays ~nothing there
+    timing = json.loads(
+        (results(smoke_workdir) / "gpt_tiny_train_fp32" / "timing" / "r0.json").read_text())
+    traced, untraced = (sum(r["region_ms"].values()) for r in (times, timing))
+    assert traced > 10 * untraced + 10, (times["region_ms"], timing["region_ms"])
 
 
 def test_nothing_reruns_when_nothing_changed(smoke_workdir: Path) -> None:

@@ -134,6 +134,7 @@ RESULT_KEYS = {
     "timer",
     "step_ms",
     "warmup_times_ms",
+    "region_ms",
     "compile_s",
     "flops_per_step",
     "tflops",

@@ -266,6 +266,7 @@ class Record:
             step_times_ms=m.step_times_ms,
             cuda_event_times_ms=m.cuda_event_times_ms or None,
             warmup_times_ms=m.warmup_times_ms,
+            region_ms=m.region_ms or None,
             compile_s=None if self.args.compile == "off" else compile_s,
             **stats,
             tokens_per_s=workload.tokens_per_step / mean_s,
@@ -293,8 +294,8 @@ class Record:
 
 # Scalars of a successful run; null in a failed run's JSON.
 RESULT_TIMING_KEYS = (
-    "timer", "cuda_event_times_ms", "warmup_times_ms", "compile_s", "mean_ms", "median_ms",
-    "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
+    "timer", "cuda_event_times_ms", "warmup_times_ms", "region_ms", "compile_s", "mean_ms",
+    "median_ms", "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
     "model_flops_per_step", "flops_per_step", "tflops", "peak_tflops", "mfu",
     "optimizer_bytes_per_step", "peak_memory_gbps",
 )

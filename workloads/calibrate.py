@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from workloads import flops
+from workloads.cachedir import cache_dir as profbench_cache
 from workloads.device import DTYPES, device_name, synchronize
 from workloads.provenance import provenance
 
@@ -27,10 +28,7 @@ REPEATS = {"cuda": 20, "cpu": 5}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PROFBENCH_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    ) / "profbench"
-    return Path(root) / "calibration"
+    return profbench_cache() / "calibration"
 
 
 def device_key(device: torch.device) -> str:

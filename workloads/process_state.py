@@ -47,6 +47,9 @@ def at_start() -> dict[str, Any]:
         "numpy_random_draw": None if numpy is None else float(numpy.random.random()),
         "torch_initial_seed": torch.initial_seed(),
         "torch_rng_digest": _digest(torch.default_generator.get_state()),
+        # where this interpreter keeps its imports' bytecode (pipeline/bytecode.py)
+        "pycache_prefix": sys.pycache_prefix,
+        "dont_write_bytecode": bool(sys.flags.dont_write_bytecode),
     }
 
 

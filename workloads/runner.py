@@ -40,6 +40,10 @@ class Measurement:
     peak_memory_bytes: int | None = None
     # Host-clock time of each warm-up step (compilation and autotuning happen there).
     warmup_times_ms: list[float] = field(default_factory=list)
+    # Host time to enter and to leave the measured region (cudaProfilerStart + the range's
+    # push; its pop + cudaProfilerStop): where nsys starts and stops collecting in a capture
+    # (its own cost inside the process, outside every step), ~0 untraced.
+    region_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def timer(self) -> str:
@@ -105,9 +109,11 @@ def run_steps(
     loss_tensors: list[torch.Tensor] = []
 
     with op_range_context(op_ranges, device):
+        entering = time.perf_counter()
         if on_cuda:
             torch.cuda.profiler.start()
         with rng(PROFILED_REGION):
+            entered = time.perf_counter()
             for _ in range(steps):
                 with rng("profiled_step"):
                     start_event = _record_event() if on_cuda else None
@@ -121,13 +127,17 @@ def run_steps(
                 if loss is not None:
                     # Kept as tensors: .item() here would add a device-to-host copy per step.
                     loss_tensors.append(loss.detach())
+            leaving = time.perf_counter()
         if on_cuda:
             torch.cuda.profiler.stop()
+        left = time.perf_counter()
     if after_measure is not None:
         after_measure()
 
     return Measurement(
         warmup_times_ms=warmup_ms,
+        region_ms={"enter": round((entered - entering) * 1e3, 3),
+                   "exit": round((left - leaving) * 1e3, 3)},
         step_times_ms=times_ms,
         losses=[float(loss) for loss in loss_tensors],
         cuda_event_times_ms=[start.elapsed_time(end) for start, end in event_pairs],

@@ -1,0 +1,73 @@
+"""Bytecode for the jobs' imports, cached where the interpreter's install cannot keep it.
+
+A GPU job's interpreter imports torch, and a train step or a compiled run also Dynamo and
+Inductor: thousands of modules. Python keeps each module's compiled bytecode next to its
+source (`__pycache__`), so only the first import ever compiles it. Where the install ships no
+bytecode (e.g. `pip install --no-compile`) and none can be written (`PYTHONDONTWRITEBYTECODE`
+set, as many Docker images do, or a read-only install), every process compiles them all
+again. Measured on the lent H100 host (/opt/torch/.venv, PYTHONDONTWRITEBYTECODE=1, no
+`__pycache__`): `import torch, torch._dynamo, torch._inductor.compile_fx` took 12-13 s per
+process, and a capture's imports and model build 12 s of its 17 s of overhead; with the
+bytecode cached, 4 s (docs/timing.md).
+
+So the guard asks, for every job, whether torch's bytecode would be read or written, and
+when neither, runs the job with `PYTHONPYCACHEPREFIX=<cache>/pycache` (Python's own mirror
+tree for bytecode, outside the install) and without `PYTHONDONTWRITEBYTECODE`: the first job
+compiles and writes, the later ones read. Bytecode is a cache of the sources, checked against
+each source's modification time and size; nothing a job computes changes. A prefix the user
+set is left alone. The fork servers start in the first job's environment, so they and every
+job agree on it (an import-time variable: pipeline/forkserver.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from workloads.cachedir import cache_dir
+
+# The module whose bytecode stands for the job's imports: the bulk of them, in one install.
+PROBE_MODULE = "torch"
+PREFIX, DONT_WRITE = "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"
+
+
+def bytecode_is_kept(source: Path, environ: MutableMapping[str, str]) -> bool:
+    """Whether an interpreter started with `environ` reads `source`'s bytecode from a cache
+    (present) or can write it there for the next one."""
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if cached.exists():
+        return True
+    if environ.get(DONT_WRITE):
+        return False
+    folder = cached.parent if cached.parent.exists() else source.parent
+    return os.access(folder, os.W_OK)
+
+
+def probe_source(module: str = PROBE_MODULE) -> Path | None:
+    """The source file of `module` (found, not imported), or None."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec else None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def keep_bytecode(environ: MutableMapping[str, str], module: str = PROBE_MODULE,
+                  cache: Path | None = None) -> str | None:
+    """Give the job's environment a bytecode cache when its imports would otherwise be
+    compiled from source in every process; what was done (for the job log), or None."""
+    if environ.get(PREFIX):
+        return None
+    source = probe_source(module)
+    if source is None or bytecode_is_kept(source, environ):
+        return None
+    prefix = (cache or cache_dir()) / "pycache"
+    why = (f"{DONT_WRITE} is set" if environ.get(DONT_WRITE)
+           else f"{source.parent} is not writable")
+    environ[PREFIX] = str(prefix)
+    environ.pop(DONT_WRITE, None)
+    return (f"{module} has no bytecode and {why}: every process would compile its imports; "
+            f"caching bytecode in {prefix} ({PREFIX})")
