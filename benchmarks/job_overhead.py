@@ -269,11 +269,7 @@ def process_checks(results: Path, launcher: str) -> list[str]:
     problems = []
     records = {p: _read_json(p) or {} for p in results.glob("*/timing/r*.json")}
     sections = {p: r.get("process") for p, r in records.items()}
-    # a pid names a process on one host: a results folder resumed on other machines (a bare
-    # GPU machine per call) may reuse one
-    pids = [(((records[p].get("provenance") or {}).get("hostname")), s["pid"])
-            for p, s in sections.items() if s]
-    if len(pids) != len(set(pids)):
+    if shared_pids(records):
         problems.append("two timing records share a pid")
     for path, s in sorted(sections.items()):
         if not s:
@@ -286,6 +282,29 @@ def process_checks(results: Path, launcher: str) -> list[str]:
         if s["inductor_code_cache_modules"] or s["dynamo_frame_counts"]:
             problems.append(f"{name}: compiled code before the workload")
     return problems
+
+
+def shared_pids(records: dict[Path, dict[str, Any]]) -> list[tuple[Path, Path]]:
+    """Pairs of records of two processes that lived at the same time on one host with the same
+    pid: impossible for separate processes, so one process measured twice. A pid names a
+    process only while it lives, on its host: a results folder resumed on other machines (a
+    bare GPU machine per call, all named alike) or a long run may reuse one."""
+    lives: dict[tuple[Any, int], list[tuple[float, float, Path]]] = {}
+    for path, record in records.items():
+        section = record.get("process")
+        if not section:
+            continue
+        marks = section.get("timeline_unix") or {}
+        guard = record.get("guard_unix") or {}
+        start = marks.get("started") or guard.get("started") or -math.inf
+        end = marks.get("written") or guard.get("ended") or math.inf
+        host = (record.get("provenance") or {}).get("hostname")
+        lives.setdefault((host, section["pid"]), []).append((start, end, path))
+    pairs = []
+    for spans in lives.values():
+        spans.sort(key=lambda span: span[0])
+        pairs += [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] <= a[1]]
+    return pairs
 
 
 def _last_json_line(path: Path) -> dict[str, Any]:

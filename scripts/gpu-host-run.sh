@@ -50,7 +50,7 @@ save_results() {
       --exclude='torch_trace' --exclude='ops_torch_trace' \
       --exclude-from=<(echo "$before") "$results" .snakemake/log 2>/dev/null || return
     # a job that started meanwhile may be in the archive half-written: then try again
-    if [ -z "$(comm -13 <(echo "$before") <(incomplete))" ]; then
+    if [ -z "$(comm -13 <(echo "$before" | sort) <(incomplete | sort))" ]; then
       mv $OUT/results-tmp.tgz $OUT/results.tgz; return
     fi
   done

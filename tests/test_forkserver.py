@@ -213,6 +213,24 @@ def test_overhead_benchmark_reads_every_timing_job(leak_records) -> None:
     assert job_overhead.process_checks(LEAK_RESULTS["fork"], "process")
 
 
+def test_a_pid_is_shared_only_by_processes_alive_together() -> None:
+    """A results folder resumed over several bare machines (all named `vm`) reuses pids: only
+    two records whose processes lived at the same time on one host are one process twice."""
+    job_overhead = load_benchmark()
+
+    def record(pid: int, start: float, end: float, host: str = "vm") -> dict:
+        return {"process": {"pid": pid, "timeline_unix": {"started": start, "written": end}},
+                "provenance": {"hostname": host}}
+
+    calls = {Path("a"): record(2106, 100.0, 110.0), Path("b"): record(2106, 1000.0, 1003.0),
+             Path("c"): record(2107, 105.0, 108.0)}
+    assert job_overhead.shared_pids(calls) == []
+    both = {**calls, Path("d"): record(2106, 109.0, 120.0)}
+    assert job_overhead.shared_pids(both) == [(Path("a"), Path("d"))]
+    elsewhere = {**calls, Path("e"): record(2106, 101.0, 102.0, host="node7")}
+    assert job_overhead.shared_pids(elsewhere) == []
+
+
 def test_projection_adds_up_per_job_costs() -> None:
     job_overhead = load_benchmark()
     costs = job_overhead.Costs(timing_overhead_s=1.0, compiled_timing_overhead_s=3.0,
