@@ -99,10 +99,27 @@ def _validator_filling_defaults() -> type:
     return jsonschema.validators.extend(base, {"properties": properties})
 
 
+# Snakemake's `--config key=value` passes `true`/`false` as strings (only `True`/`False` become
+# booleans): for a boolean setting that is what a user means.
+COMMAND_LINE_BOOLEANS = {"true": True, "false": False}
+
+
+def booleans_from_command_line(cfg: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Turn `true`/`false` strings (any case) of the schema's boolean keys into booleans, in
+    place, at the top level and one level down (e.g. `nsys`)."""
+    for name, sub in (schema.get("properties") or {}).items():
+        value = cfg.get(name)
+        if sub.get("type") == "boolean" and isinstance(value, str):
+            cfg[name] = COMMAND_LINE_BOOLEANS.get(value.lower(), value)
+        elif sub.get("type") == "object" and isinstance(value, dict):
+            booleans_from_command_line(value, sub)
+
+
 def validate_top_level(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check the top-level keys (naming a bad one) and fill in the schema's defaults, in place.
     Returns ``cfg``."""
     schema = top_level_schema()
+    booleans_from_command_line(cfg, schema)
     try:
         jsonschema.validate(copy.deepcopy(cfg), schema)
     except jsonschema.ValidationError as e:

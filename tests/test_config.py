@@ -60,6 +60,18 @@ def test_valid_smoke_config_plans_every_stage(tmp_path: Path) -> None:
         assert f"rule {rule}:" in done.stdout, rule
 
 
+def test_booleans_on_the_command_line_mean_booleans(tmp_path: Path) -> None:
+    """`--config calibrate=false` (Snakemake passes the string "false") turns calibration off,
+    as `calibrate: false` in a config file does; a value that is no boolean is still named."""
+    done = snakemake(tmp_path, "-n", "--cores", "1", "--config", "calibrate=false",
+                     "keep_captures=TRUE")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rule calibrate:" not in done.stdout and "rule time_run:" in done.stdout
+    bad = snakemake(tmp_path, "-n", "--cores", "1", "--config", "calibrate=maybe", check=False)
+    assert bad.returncode != 0
+    assert "Invalid config at 'calibrate': 'maybe' is not of type 'boolean'" in bad.stdout + bad.stderr
+
+
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:
     """The GPU default matrix: the GPT train ladder (9 rungs for small, 8 for 2.7B), CS336's
     2.7B forward and forward+backward at fp32 eager and at the best settings, and the

@@ -77,6 +77,17 @@ def test_bad_config_names_the_key(case: str) -> None:
     assert str(err).startswith(f"Invalid config at '{where}': ")
 
 
+def test_command_line_booleans_become_booleans() -> None:
+    cfg = {"calibrate": "false", "keep_captures": "True", "nsys": {"console_stats": "TRUE"},
+           "results": "true", "timeout_min": 5}
+    config.booleans_from_command_line(cfg, config.top_level_schema())
+    assert cfg == {"calibrate": False, "keep_captures": True, "nsys": {"console_stats": True},
+                   "results": "true", "timeout_min": 5}  # only the boolean settings
+    odd = {"calibrate": "maybe"}
+    config.booleans_from_command_line(odd, config.top_level_schema())
+    assert odd == {"calibrate": "maybe"}, "left for the schema to name"
+
+
 def test_defaults_are_filled_in_place() -> None:
     cfg = {"runs": {"a": {"workload": "attention", "impl": "naive", "batch": 1, "seq": 8,
                           "embed": 8}}}
