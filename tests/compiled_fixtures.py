@@ -26,6 +26,9 @@ COMPILED = ["compiled_small_default", "compiled_small_reduce-overhead"]
 # The ladder's compile / cuda_graphs rungs: fused AdamW (not compiled) and autocast's weight
 # casts inside the compiled graphs, which Inductor moves across layers.
 AUTOCAST_WEIGHTS = ["compiled_small_fused_default", "compiled_small_fused_reduce-overhead"]
+# The same rungs with the block compiled once (compile_blocks once: a nested compile region
+# whose code every layer calls; workloads/gpt.py).
+BLOCK_ONCE = ["compiled_small_once_default", "compiled_small_once_reduce-overhead"]
 
 
 @dataclass

@@ -69,7 +69,8 @@ def test_booleans_on_the_command_line_mean_booleans(tmp_path: Path) -> None:
     assert "rule calibrate:" not in done.stdout and "rule time_run:" in done.stdout
     bad = snakemake(tmp_path, "-n", "--cores", "1", "--config", "calibrate=maybe", check=False)
     assert bad.returncode != 0
-    assert "Invalid config at 'calibrate': 'maybe' is not of type 'boolean'" in bad.stdout + bad.stderr
+    assert ("Invalid config at 'calibrate': 'maybe' is not of type 'boolean'"
+            in bad.stdout + bad.stderr)
 
 
 def test_default_config_is_valid_and_complete(tmp_path: Path) -> None:

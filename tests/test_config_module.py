@@ -61,6 +61,8 @@ BAD = {
                              "ladders[0].rungs[5].name", "unique"),
     "typo in a rung": (lambda c: c["ladders"][0]["rungs"][1].update(dtyp="bf16"),
                        "ladders[0].rungs[1].dtyp", "'dtyp'"),
+    "unknown compile_blocks": (lambda c: c["runs"]["gpt_tiny_train_bf16"].update(
+        compile_blocks="twice"), "runs.gpt_tiny_train_bf16.compile_blocks", "'twice'"),
     "select that matches nothing": (lambda c: c.update(select=["nothing_*"]), "select",
                                     "no run matches"),
     "no runs": (lambda c: c.update(runs={}, sweeps=[], ladders=[], comparisons=[]), "runs",
@@ -155,6 +157,14 @@ def test_workload_args_leave_out_pipeline_keys() -> None:
     args = plan.workload_args("attention_core_math")
     assert args.startswith("attention_core ")
     assert "--profile" not in args and "--seq 64" in args
+
+
+def test_compile_blocks_reaches_the_command_line_only_where_a_run_says_it() -> None:
+    plan = config.resolve(smoke(lambda c: c["runs"]["gpt_tiny_train_bf16"].update(
+        compile="default", compile_blocks="once")))
+    assert "--compile_blocks once" in plan.workload_args("gpt_tiny_train_bf16")
+    assert all("--compile_blocks" not in plan.workload_args(run)
+               for run in plan.runs if run != "gpt_tiny_train_bf16")
 
 
 def test_plan_record_is_json() -> None:

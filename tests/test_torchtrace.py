@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
-from compiled_fixtures import COMPILED, H100
+from compiled_fixtures import BLOCK_ONCE, COMPILED, H100
 
 from analysis.reading.sourceregions import INDEXED, model_layers, parse_frames, trace_regions
-from analysis.reading.torchtrace import launch_order, read_torch_trace
+from analysis.reading.torchtrace import launch_order, launches, read_torch_trace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,6 +92,34 @@ def test_partitions_are_inlined_in_call_order() -> None:
     )
     assert [h for h, _, _ in launch_order(two)] == ["triton_a:1", "extern_kernels.mm:2",
                                                     "triton_c:3"]
+
+
+@pytest.mark.parametrize("stem", BLOCK_ONCE)
+def test_a_nested_region_is_expanded_once_per_call(stem: str) -> None:
+    """The block compiled once (H100 captures): the region's subgraph function is defined
+    once in the output code and called once per layer; its launches are counted in every
+    call, in the order they run."""
+    trace = H100 / f"{stem}_torch_trace"
+    graphs = read_torch_trace(trace)
+    codes = _raw_output_codes(trace)
+    n_layers = model_layers("small")
+    for g, code in zip(graphs, codes, strict=True):
+        if g.function != "forward":
+            assert all(s.region_call == -1 for s in g.sites)  # the loss: no region
+            continue
+        subgraphs = re.findall(r"^def (\w*subgraph\w*)\(", code, re.M)
+        assert len(subgraphs) == 1
+        calls = re.findall(rf"= {subgraphs[0]}\(", code)
+        assert len(calls) == n_layers
+        in_region = [s for s in g.sites if s.region_call >= 0]
+        assert sorted({s.region_call for s in in_region}) == list(range(n_layers))
+        per_call = [[s.handle for s in in_region if s.region_call == c] for c in range(n_layers)]
+        assert all(handles == per_call[0] for handles in per_call)  # the same code every time
+        handles_defined = len(re.findall(r"\[Provenance debug handles\]", code))
+        outer = len(g.sites) - len(in_region)
+        assert outer + len(per_call[0]) == handles_defined  # each launch written once
+        assert [s.index for s in g.sites] == list(range(len(g.sites)))
+        assert launch_order(code) == [x[:3] for x in launches(code)]
 
 
 def test_model_layers_match_the_model() -> None:

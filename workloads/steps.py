@@ -53,6 +53,7 @@ class Speed:
     sdpa_backend: str = "auto"
     optimizer: str = "adamw_foreach"
     cuda_graph: str = "off"
+    compile_blocks: str = "each"  # GPT only: "once" compiles one block for all layers (gpt.py)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
@@ -197,10 +198,17 @@ def build_gpt(
     """The CS336 GPT on a fixed random token batch, with random targets. ``wrap`` (DDP or
     FSDP, workloads/parallel.py) wraps the model before the optimizer is built."""
     _check_mode(mode, GPT_MODES, "gpt")
-    cfg = config_for(size, context_length=context, vocab_size=vocab, attention=attention)
+    cfg = config_for(size, context_length=context, vocab_size=vocab, attention=attention,
+                     compile_blocks=speed.compile_blocks)
     if attention == "sdpa":
         shape = (batch, cfg.n_heads, context, cfg.d_model // cfg.n_heads)
         _require_sdpa(speed.sdpa_backend, shape, dtype, device, causal=True, mode=mode)
+    if (speed.compile_blocks == "once" and speed.compile != "off" and mode == "train"
+            and speed.optimizer == "adamw_master"):
+        raise Unsupported("compile_blocks once with optimizer adamw_master: its bf16 weights "
+                          "are views of one flat buffer, and a nested compile region refuses "
+                          "aliased inputs (torch: 'Input-to-input aliasing'); use "
+                          "compile_blocks each")
     if mode == "train" and speed.optimizer == "adamw_master" and dtype == "fp16":
         raise Unsupported("optimizer adamw_master has no fp16 GradScaler support; use bf16")
     torch.manual_seed(seed)
@@ -220,7 +228,9 @@ def build_gpt(
             speed.optimizer, model, lr=lr, low_precision=low, compile_mode=speed.compile_mode,
             capturable=speed.cuda_graph == "step",
         )
-    compiled_model = compile_callable(model, speed.compile_mode)
+    compiled_model = compile_callable(
+        model, speed.compile_mode,
+        NESTED_REGION_OPTIONS if speed.compile_blocks == "once" else None)
 
     def loss(logits: torch.Tensor) -> torch.Tensor:
         # fp32 loss whatever the activation dtype (what autocast does on CUDA anyway).
@@ -250,8 +260,16 @@ def build_gpt(
     )
 
 
-def compile_callable(fn: Any, mode: str) -> Any:
-    """``fn`` compiled with torch.compile in ``mode`` (``off``: unchanged).
+# Inductor options of a model whose block is a nested compile region reused by every layer
+# (workloads/gpt.py: BlockCompiledOnce). Without them torch (2.13 on CPU, measured) reuses a
+# buffer across the region's calls that a later backward call still reads: gradients of every
+# layer but the last come out wrong (tests/test_compile_blocks.py checks them against eager).
+NESTED_REGION_OPTIONS = {"allow_buffer_reuse": False}
+
+
+def compile_callable(fn: Any, mode: str, options: dict[str, Any] | None = None) -> Any:
+    """``fn`` compiled with torch.compile in ``mode`` (``off``: unchanged), with Inductor
+    ``options`` on top of the mode's own.
 
     Every builder calls this before the first step, so provenance tracking is on for all
     of the process's compilations, the optimizer's (compiled at its first step) included.
@@ -259,6 +277,10 @@ def compile_callable(fn: Any, mode: str) -> Any:
     if mode == "off":
         return fn
     track_provenance()
+    if options:  # torch.compile takes a mode or options, not both: the mode's as options
+        from torch._inductor import list_mode_options
+
+        return torch.compile(fn, options={**list_mode_options(mode), **options})
     return torch.compile(fn, mode=None if mode == "default" else mode)
 
 

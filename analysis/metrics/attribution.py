@@ -38,7 +38,7 @@ import numpy as np
 from analysis.metrics.gpuops import KERNEL, GpuOps
 from analysis.metrics.nodeorder import gemm_anchors, place_by_votes
 from analysis.reading.sourceregions import INDEXED, Region, trace_regions
-from analysis.reading.torchtrace import TRITON_PREFIX, CompiledGraph
+from analysis.reading.torchtrace import TRITON_PREFIX, CallSite, CompiledGraph
 
 # per-op status
 UNMATCHED, ANCHOR, EXTERN, ORDERED, GLUE = range(5)
@@ -107,6 +107,17 @@ def unanimous(traces: tuple[str, ...]) -> bool:
     subs = {p[1] if len(p) > 1 else None for p in map(_regions, traces)
             if p and p[0].name == INDEXED}
     return len(subs) <= 1
+
+
+def own_traces(site: CallSite) -> tuple[str, ...]:
+    """The stack traces that place a site: inside a nested compile region's call, only those
+    in a layer (the region is the block; Inductor also hands its kernels traces of the
+    outer graph's nodes, e.g. the final norm's gradient, which would pull them out of it)."""
+    if site.region_call < 0:
+        return site.stack_traces
+    in_layer = tuple(t for t in site.stack_traces
+                     if (p := _regions(t)) and p[0].name == INDEXED)
+    return in_layer or site.stack_traces
 
 
 def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
@@ -212,8 +223,9 @@ def graph_places(graph: CompiledGraph, n_layers: int | None = None
     """(majority range path, layer counted) of every call site, and how layers were counted:
     in launch order, or, for a backward graph where that does not find ``n_layers``, in the
     order of its FX node numbers when that does."""
-    paths = [majority_path(s.stack_traces) for s in graph.sites]
-    clear = [unanimous(s.stack_traces) for s in graph.sites]
+    traces = [own_traces(s) for s in graph.sites]
+    paths = [majority_path(t) for t in traces]
+    clear = [unanimous(t) for t in traces]
     counted = count_layers(graph, paths, clear)
     if n_layers and graph.kind == "backward" and _layers(counted) not in (0, n_layers):
         by_nodes = count_layers_by_node_order(graph, paths, clear)

@@ -6,7 +6,9 @@ of tab-indented lines.  With ``torch._inductor.config.trace.provenance_tracking_
 (workloads/steps.py) Inductor adds, per compiled graph,
 
 * ``inductor_output_code``: the wrapper module.  Its ``call()`` (and the ``partition_<n>``
-  functions it calls) launches the graph's kernels in order; before every launch stand
+  functions it calls, and the subgraph functions of nested compile regions, e.g.
+  ``partitioned_fw_subgraph_0_0``, called once per layer of a GPT whose block is compiled
+  once: workloads/gpt.py) launches the graph's kernels in order; before every launch stand
   ``# Topologically Sorted Source Nodes: [...], Original ATen: [...]`` and
   ``# [Provenance debug handles] <kernel>:<handle>``.  The first line, ``# AOT ID:
   ['0_forward']``, says which graph of the compiled function it is (forward, backward,
@@ -37,6 +39,7 @@ _ORIGINS = re.compile(
     r"#\s*Topologically Sorted Source Nodes:\s*\[(.*)\],\s*Original ATen:\s*\[(.*)\]")
 _DEF = re.compile(r"^(\s*)def (\w+)\(")
 _PARTITION_CALL = re.compile(r"(?:self\.partitions\[(\d+)\]|\bpartition_(\d+))\(")
+_SUBGRAPH_CALL = re.compile(r"=\s*(\w*subgraph\w*)\(")  # buf1 = partitioned_fw_subgraph_0_0(
 TRITON_PREFIX = "triton_"
 GRAPH_KINDS = ("forward", "backward", "inference")
 
@@ -51,6 +54,9 @@ class CallSite:
     source_nodes: tuple[str, ...]
     aten_ops: tuple[str, ...]  # e.g. ("aten.mm", "aten.view")
     stack_traces: tuple[str, ...]
+    # which call of a nested compile region's subgraph launched it (0, 1, ... in launch
+    # order), -1 outside one
+    region_call: int = -1
 
     @property
     def is_triton(self) -> bool:
@@ -168,39 +174,54 @@ def _graph(index: int, compile_id: str, code: str,
     sites = [
         CallSite(index=i, handle=handle, kernel=handle.rsplit(":", 1)[0],
                  source_nodes=nodes, aten_ops=aten,
-                 stack_traces=tuple(traces.get(handle, ())))
-        for i, (handle, nodes, aten) in enumerate(launch_order(code))
+                 stack_traces=tuple(traces.get(handle, ())), region_call=call)
+        for i, (handle, nodes, aten, call) in enumerate(launches(code))
     ]
     return CompiledGraph(index=index, aot_id=aot_id, kind=kind, compile_id=compile_id,
                          function="", sites=sites)
 
 
 def launch_order(code: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
-    """(handle, source nodes, ATen ops) of every launch in ``call()``, partitions inlined."""
+    """(handle, source nodes, ATen ops) of every launch in ``call()``, partitions and
+    subgraphs inlined: a subgraph's launches once per call, as they run."""
+    return [launch[:3] for launch in launches(code)]
+
+
+def launches(code: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...], int]]:
+    """:func:`launch_order` with, per launch, the subgraph call that made it (0, 1, ... over
+    the graph's subgraph calls; -1 outside one)."""
     bodies = _function_bodies(code)
     if "call" not in bodies:
         return []
     seen: set[str] = set()
+    calls = iter(range(1 << 30))
 
-    def walk(name: str) -> Iterator[tuple[str, tuple[str, ...], tuple[str, ...]]]:
-        if name in seen:  # a partition is called once; guard against odd code
-            return
+    def walk(name: str, inside: tuple[str, ...] = (), call: int = -1) -> Iterator[
+            tuple[str, tuple[str, ...], tuple[str, ...], int]]:
+        if name in inside or (name.startswith("partition_") and name in seen):
+            return  # a partition is called once, nothing calls itself: guard against odd code
         seen.add(name)
         origins: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         for line in bodies[name]:
             if m := _ORIGINS.search(line):
                 origins = (_split_list(m.group(1)), _split_list(m.group(2)))
             elif m := _HANDLE.search(line):
-                yield m.group(1), *origins
+                yield m.group(1), *origins, call
                 origins = ((), ())
-            elif not line.lstrip().startswith("#") and (m := _PARTITION_CALL.search(line)):
-                yield from walk(f"partition_{m.group(1) or m.group(2)}")
+            elif line.lstrip().startswith("#"):
+                continue
+            elif m := _PARTITION_CALL.search(line):
+                yield from walk(f"partition_{m.group(1) or m.group(2)}", (*inside, name), call)
+            elif (m := _SUBGRAPH_CALL.search(line)) and m.group(1) in bodies:
+                yield from walk(m.group(1), (*inside, name),
+                                call if call >= 0 else next(calls))
 
     return list(walk("call"))
 
 
 def _function_bodies(code: str) -> dict[str, list[str]]:
-    """Lines of every ``call`` / ``partition_<n>`` function (module level or method)."""
+    """Lines of every ``call`` / ``partition_<n>`` / subgraph function (module level or
+    method)."""
     bodies: dict[str, list[str]] = {}
     current: str | None = None
     indent = 0
@@ -208,7 +229,8 @@ def _function_bodies(code: str) -> dict[str, list[str]]:
         m = _DEF.match(line)
         if m:
             name = m.group(2)
-            current = name if name == "call" or name.startswith("partition_") else None
+            wanted = name == "call" or name.startswith("partition_") or "subgraph" in name
+            current = name if wanted else None
             indent = len(m.group(1))
             if current is not None:
                 bodies[current] = []
@@ -227,5 +249,5 @@ def _split_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-__all__ = ["CallSite", "CompiledGraph", "launch_order", "log_files", "read_torch_trace",
-           "records"]
+__all__ = ["CallSite", "CompiledGraph", "launch_order", "launches", "log_files",
+           "read_torch_trace", "records"]

@@ -1,0 +1,243 @@
+"""Compiling the GPT block once (a nested compile region reused by every layer) against
+compiling every layer into one flat graph: cold and warm compile time, and the step time.
+
+For each case and each ``--compile_blocks`` setting, side by side in one run:
+
+* a **cold** process: ``python -m workloads gpt ...`` with an empty Inductor and Triton cache
+  of its own (``TORCHINDUCTOR_CACHE_DIR``), as on a fresh machine: its ``compile_s`` is the
+  whole compilation;
+* ``--repeats - 1`` **warm** processes on the cache the cold one left, as the pipeline's
+  later timing repeats and its capture run.
+
+The two settings alternate process by process (each cold, once cold, each warm, once warm,
+...), so drift in clocks or temperature hits both. Step times are each process's own median
+(CUDA events on a GPU); the table shows the median over a setting's processes.
+
+    python benchmarks/compile_blocks.py                      # the ladder's compiled rungs
+    python benchmarks/compile_blocks.py --cases small_compile --repeats 3
+    python benchmarks/compile_blocks.py --device cpu --cases tiny --repeats 2 --grads tiny
+
+``--grads SIZES`` first checks, in-process, that each setting's compiled gradients equal
+eager ones (and shows what the nested region's gradients are without its Inductor options).
+
+Prints one row per case: cold compile seconds each / once and their ratio, warm compile
+seconds, and the median step ms each / once and their ratio; ``--out`` keeps every record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.bytecode import keep_bytecode  # noqa: E402
+
+SETTINGS = ("each", "once")
+_LADDER = "--mode train --dtype bf16 --attention sdpa --sdpa_backend cudnn --context 512 --batch 4"
+# name -> the rung's workload flags (config.yaml's ladders; the master-weight rungs cannot
+# compile the block once: status unsupported, workloads/steps.py)
+CASES = {
+    "small_compile": f"--size small {_LADDER} --optimizer adamw_fused --compile default",
+    "small_cuda_graphs": f"--size small {_LADDER} --optimizer adamw_fused "
+                         "--compile reduce-overhead",
+    "2.7B_compile": f"--size 2.7B {_LADDER} --optimizer adamw_fused --compile default",
+    "2.7B_master_weights": f"--size 2.7B {_LADDER} --optimizer adamw_master --compile default",
+    # CPU smoke case (tests, a machine without a GPU)
+    "tiny": "--size tiny --mode train --context 64 --vocab 512 --compile default",
+}
+DEFAULT_CASES = ("small_cuda_graphs", "2.7B_compile")
+
+
+def run_process(case: str, setting: str, cache: Path, args: argparse.Namespace,
+                out: Path) -> dict:
+    """One ``python -m workloads gpt`` process; its record plus the process's wall time."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+    env.pop("TRITON_CACHE_DIR", None)  # Triton's cache then lives in the Inductor one
+    keep_bytecode(env)  # hosts whose torch has no bytecode would compile it in every process
+    cmd = [sys.executable, "-m", "workloads", "gpt", *CASES[case].split(),
+           "--compile_blocks", setting, "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--device", args.device, "--out", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    record = json.loads(out.read_text()) if out.exists() else {}
+    if proc.returncode or record.get("status") != "ok":
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        print(f"  {case} {setting}: exit {proc.returncode}, status {record.get('status')}: "
+              + " | ".join(tail), file=sys.stderr)
+    return {"case": case, "setting": setting, "wall_s": round(wall, 2),
+            "status": record.get("status", "no record"), "compile_s": record.get("compile_s"),
+            "median_ms": record.get("median_ms"), "losses": record.get("losses"),
+            "peak_memory_bytes": record.get("peak_memory_bytes"),
+            "device_name": record.get("device_name"), "torch": record.get("torch")}
+
+
+def run_case(case: str, args: argparse.Namespace, work: Path) -> list[dict]:
+    """Cold then warm processes of both settings, alternating."""
+    caches = {s: work / f"inductor-{case}-{s}" for s in SETTINGS}
+    rows = []
+    for repeat in range(args.repeats):
+        for setting in SETTINGS:
+            row = run_process(case, setting, caches[setting], args,
+                              work / f"{case}-{setting}-r{repeat}.json")
+            row["cold"] = repeat == 0
+            rows.append(row)
+            print(f"  {case} {setting} {'cold' if repeat == 0 else 'warm'}: "
+                  f"compile {row['compile_s']} s, median {row['median_ms']} ms, "
+                  f"wall {row['wall_s']} s", file=sys.stderr)
+    return rows
+
+
+def summarize(case: str, rows: list[dict]) -> dict:
+    """Cold and warm compile seconds and median step ms per setting, with once/each ratios."""
+    def values(setting: str, key: str, cold: bool | None = None) -> list[float]:
+        return [r[key] for r in rows if r["setting"] == setting and r[key] is not None
+                and r["status"] == "ok" and (cold is None or r["cold"] is cold)]
+
+    def median(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(b / a, 3) if a and b is not None else None
+
+    s: dict = {"case": case}
+    for setting in SETTINGS:
+        s[f"cold_compile_s_{setting}"] = median(values(setting, "compile_s", cold=True))
+        s[f"warm_compile_s_{setting}"] = median(values(setting, "compile_s", cold=False))
+        s[f"median_ms_{setting}"] = median(values(setting, "median_ms"))
+        s[f"processes_{setting}"] = len(values(setting, "median_ms"))
+        losses = [r["losses"] for r in rows if r["setting"] == setting and r["losses"]]
+        s[f"last_loss_{setting}"] = losses[0][-1] if losses else None  # the same numerics?
+    s["cold_compile_ratio"] = ratio(s["cold_compile_s_each"], s["cold_compile_s_once"])
+    s["step_ratio"] = ratio(s["median_ms_each"], s["median_ms_once"])
+    return s
+
+
+GRAD_SETTINGS = ("each", "once", "once without NESTED_REGION_OPTIONS")
+
+
+def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
+    """Each setting's compiled gradients against eager ones, in this process: the worst
+    parameter's |compiled - eager| / max|eager|, for a ``layers``-layer model of ``size``
+    (bf16 autocast, cuDNN attention on CUDA, as the ladder's compiled rungs)."""
+    import torch
+    import torch.nn.functional as F
+
+    from workloads.device import autocast, resolve_device
+    from workloads.gpt import GPT, config_for
+    from workloads.steps import NESTED_REGION_OPTIONS, compile_callable
+
+    dev = resolve_device(device)
+    dtype = "bf16" if dev.type == "cuda" else "fp32"
+    rows = []
+    for setting in GRAD_SETTINGS:
+        torch._dynamo.reset()
+        blocks = setting.split()[0]
+        torch.manual_seed(0)
+        with torch.device(dev):
+            model = GPT(config_for(size, n_layers=layers, context_length=256,
+                                   compile_blocks=blocks))
+        tokens = torch.randint(0, model.cfg.vocab_size, (2, 256),
+                               generator=torch.Generator().manual_seed(1)).to(dev)
+        options = NESTED_REGION_OPTIONS if setting == "once" else None
+        grads = []
+        for fn in (model, compile_callable(model, "default", options)):
+            model.zero_grad(set_to_none=True)
+            with autocast(dev, dtype):
+                logits = fn(tokens)
+            F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten()).backward()
+            grads.append({n: p.grad.float().clone() for n, p in model.named_parameters()})
+        eager, compiled = grads
+        worst = max(((compiled[n] - g).abs().max().item() / g.abs().max().item(), n)
+                    for n, g in eager.items())
+        rows.append({"size": size, "layers": layers, "dtype": dtype, "setting": setting,
+                     "worst_rel_error": worst[0], "worst_parameter": worst[1],
+                     "torch": torch.__version__})
+        print(f"  grads {size} x{layers} {setting}: worst {worst[0]:.2e} ({worst[1]})",
+              file=sys.stderr)
+    return rows
+
+
+def gradients_in_child(sizes: str, device: str) -> list[dict]:
+    """:func:`gradient_errors` in a child process, so that no memory it held on the GPU is
+    still held while the timed processes run."""
+    proc = subprocess.run([sys.executable, __file__, "--grads", sizes, "--grads-here",
+                           "--device", device], cwd=ROOT, capture_output=True, text=True)
+    sys.stderr.write(proc.stderr[-4000:] if proc.returncode else "")
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else []
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def print_table(summaries: list[dict]) -> None:
+    print("| case | cold compile s each / once | ratio | warm compile s each / once "
+          "| median ms each / once | ratio | processes | last loss each / once |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summaries:
+        print(f"| {s['case']} | {fmt(s['cold_compile_s_each'], 1)} / "
+              f"{fmt(s['cold_compile_s_once'], 1)} | {fmt(s['cold_compile_ratio'], 3)} | "
+              f"{fmt(s['warm_compile_s_each'], 1)} / {fmt(s['warm_compile_s_once'], 1)} | "
+              f"{fmt(s['median_ms_each'], 3)} / {fmt(s['median_ms_once'], 3)} | "
+              f"{fmt(s['step_ratio'], 3)} | {s['processes_each']} / {s['processes_once']} | "
+              f"{fmt(s['last_loss_each'], 4)} / {fmt(s['last_loss_once'], 4)} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                   help=f"comma-separated, from {sorted(CASES)}")
+    p.add_argument("--repeats", type=int, default=2, help="processes per setting (1 cold)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where the caches and records go (default: a temporary folder)")
+    p.add_argument("--out", type=Path, default=None, help="every record and the summary, JSON")
+    p.add_argument("--grads", default="",
+                   help="comma-separated sizes whose compiled gradients are first checked "
+                        "against eager ones for every setting (3-layer models)")
+    p.add_argument("--grads-here", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    if unknown := [c for c in cases if c not in CASES]:
+        p.error(f"unknown case(s) {unknown}; expected some of {sorted(CASES)}")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1 (the cold process)")
+    if args.grads_here:  # the child of --grads: rows as JSON on stdout
+        rows = [row for size in args.grads.split(",") if size
+                for row in gradient_errors(size, args.device)]
+        print(json.dumps(rows))
+        return 0
+    grads = gradients_in_child(args.grads, args.device) if args.grads else []
+    if grads:
+        print("| size | setting | worst relative gradient error | parameter |")
+        print("|---|---|---|---|")
+        for g in grads:
+            print(f"| {g['size']} x{g['layers']} {g['dtype']} | {g['setting']} | "
+                  f"{g['worst_rel_error']:.2e} | {g['worst_parameter']} |")
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        rows = [row for case in cases for row in run_case(case, args, Path(tmp))]
+    summaries = [summarize(c, [r for r in rows if r["case"] == c]) for c in cases]
+    print_table(summaries)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"summary": summaries, "processes": rows,
+                                        "gradients": grads}, indent=2) + "\n")
+    failed = [r for r in rows if r["status"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
