@@ -167,6 +167,7 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "mode": "train",
         "attention": "sdpa",
         "optimizer": "adamw_foreach",
+        "compile_blocks": "each",
         "dtype": "fp32",
         "compile": "off",
         "cuda_graph": "off",
