@@ -384,6 +384,8 @@ def summary_line(result: dict[str, Any]) -> str:
         variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
     if p["compile"] != "off":
         variant += f" compile={p['compile']}"
+    if p.get("compile_blocks", "each") != "each" and p["compile"] != "off":
+        variant += f" compile_blocks={p['compile_blocks']}"
     if p.get("cuda_graph", "off") != "off":
         variant += f" cuda_graph={p['cuda_graph']}"
     line = (

@@ -24,6 +24,7 @@ each with its call sites in launch order.  Nothing else of the log is read.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -194,7 +195,7 @@ def launches(code: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...], int
     if "call" not in bodies:
         return []
     seen: set[str] = set()
-    calls = iter(range(1 << 30))
+    calls = itertools.count()  # numbers the subgraph calls in launch order
 
     def walk(name: str, inside: tuple[str, ...] = (), call: int = -1) -> Iterator[
             tuple[str, tuple[str, ...], tuple[str, ...], int]]:
