@@ -44,13 +44,15 @@ from pipeline.bytecode import keep_bytecode  # noqa: E402
 
 SETTINGS = ("each", "once")
 _LADDER = "--mode train --dtype bf16 --attention sdpa --sdpa_backend cudnn --context 512 --batch 4"
-# name -> the rung's workload flags (config.yaml's ladders; no master-weight rung: it cannot
-# compile the block once, status unsupported, workloads/steps.py)
+# name -> the rung's workload flags (config.yaml's ladders)
 CASES = {
     "small_compile": f"--size small {_LADDER} --optimizer adamw_fused --compile default",
     "small_cuda_graphs": f"--size small {_LADDER} --optimizer adamw_fused "
                          "--compile reduce-overhead",
     "2.7B_compile": f"--size 2.7B {_LADDER} --optimizer adamw_fused --compile default",
+    "2.7B_master_weights": f"--size 2.7B {_LADDER} --optimizer adamw_master --compile default",
+    "2.7B_step_graph": f"--size 2.7B {_LADDER} --optimizer adamw_master --compile default "
+                       "--cuda_graph step",
     # CPU smoke case (tests, a machine without a GPU)
     "tiny": "--size tiny --mode train --context 64 --vocab 512 --compile default",
 }

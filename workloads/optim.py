@@ -3,12 +3,13 @@
 * ``adamw_foreach``: ``torch.optim.AdamW`` with its default multi-tensor (foreach) kernels;
 * ``adamw_fused``: ``torch.optim.AdamW(fused=True)``, one fused CUDA kernel per chunk;
 * ``adamw_master``: the same AdamW math on ONE flat fp32 master buffer. Under bf16/fp16
-  autocast the model's ``nn.Linear`` weights become low-precision views into one flat buffer
-  that the optimizer refreshes from the masters after each update. Autocast would cast these
-  weights to the same values on every forward anyway, so the math is unchanged; what goes is
-  the per-step cast (read fp32, write bf16), the bf16->fp32 cast of every weight gradient,
-  and half the gradient bytes the optimizer reads. With ``compile`` on, the update is one
-  compiled elementwise kernel over the flat buffers.
+  autocast the model's ``nn.Linear`` weights become low-precision segments of one flat buffer
+  that the optimizer refreshes from the masters after each update (each segment a storage of
+  its own, so that a nested compile region takes them as the separate tensors they are).
+  Autocast would cast these weights to the same values on every forward anyway, so the math
+  is unchanged; what goes is the per-step cast (read fp32, write bf16), the bf16->fp32 cast
+  of every weight gradient, and half the gradient bytes the optimizer reads. With
+  ``compile`` on, the update is one compiled elementwise kernel over the flat buffers.
 """
 
 from collections.abc import Callable
@@ -62,12 +63,12 @@ class MasterAdamW:
     def _rebind(
         self, slots: list, ordered: list[nn.Parameter], n_low_params: int
     ) -> list[nn.Parameter]:
-        """Make the model's parameters views of the flat buffers (shared ones stay shared)."""
+        """Make the model's parameters segments of the flat buffers (shared ones stay shared)."""
         new: dict[int, nn.Parameter] = {}
         offset = 0  # shadow covers [0, n_low) of the master; the rest lives in the master
         for index, param in enumerate(ordered):
             flat = self.shadow if index < n_low_params else self.master
-            view = flat[offset : offset + param.numel()].view(param.shape)
+            view = _own_storage(flat[offset : offset + param.numel()]).view(param.shape)
             new[id(param)] = nn.Parameter(view, requires_grad=param.requires_grad)
             offset += param.numel()
         for module, name, param in slots:
@@ -203,6 +204,23 @@ def build_optimizer(
     if name == "adamw_master":
         return MasterAdamW(model, lr=lr, low_precision=low_precision, compile_mode=compile_mode)
     raise ValueError(f"unknown optimizer {name!r}; expected one of {OPTIMIZERS}")
+
+
+def _own_storage(segment: torch.Tensor) -> torch.Tensor:
+    """``segment``'s memory as a tensor with a storage object of its own (DLPack keeps the
+    flat buffer alive). The segments of one flat buffer never overlap, but as views of one
+    storage torch takes them for aliases of each other, and a nested compile region
+    (``compile_blocks: once``) refuses aliased inputs. Only for a 16-byte aligned segment:
+    Inductor takes a parameter whose storage offset is 0 for aligned and never checks it."""
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    if segment.data_ptr() % INDUCTOR_ALIGNMENT:
+        return segment  # an alias: correct, but refused by a nested compile region
+    return from_dlpack(to_dlpack(segment))
+
+
+# Inductor's alignment assumption for GPU inputs (torch._inductor.utils.GPU_ALIGN_BYTES).
+INDUCTOR_ALIGNMENT = 16
 
 
 def _parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:

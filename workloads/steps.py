@@ -203,12 +203,6 @@ def build_gpt(
     if attention == "sdpa":
         shape = (batch, cfg.n_heads, context, cfg.d_model // cfg.n_heads)
         _require_sdpa(speed.sdpa_backend, shape, dtype, device, causal=True, mode=mode)
-    if (speed.compile_blocks == "once" and speed.compile != "off" and mode == "train"
-            and speed.optimizer == "adamw_master"):
-        raise Unsupported("compile_blocks once with optimizer adamw_master: its bf16 weights "
-                          "are views of one flat buffer, and a nested compile region refuses "
-                          "aliased inputs (torch: 'Input-to-input aliasing'); use "
-                          "compile_blocks each")
     if mode == "train" and speed.optimizer == "adamw_master" and dtype == "fp16":
         raise Unsupported("optimizer adamw_master has no fp16 GradScaler support; use bf16")
     torch.manual_seed(seed)
