@@ -11,7 +11,10 @@
 set -u
 cd "$(dirname "$0")/.."
 limit=${1:-540}; shift 2>/dev/null; extra=("$@")
-bash scripts/gpu-host-run.sh config/distributed.yaml "$limit" "${extra[@]}"
+# keep_captures true: the parity below reads the exports that the tables were made from (a
+# second call resuming this one captures again, since captures never leave the machine)
+bash scripts/gpu-host-run.sh config/distributed.yaml "$limit" --config keep_captures=true \
+  "${extra[@]}"
 source gpu-kit/setup.sh >/dev/null 2>&1
 results=results-distributed
 nsys=$(command -v nsys)
@@ -21,7 +24,9 @@ for case in gpt_small_ddp2:1 gpt_small_fsdp2:0; do
   [ -s "$export_file" ] || { echo "parity $run rank $rank: no export"; continue; }
   bash scripts/nsys-stats-csvs.sh "$nsys" "$export_file" "$OUT/parity-$run-rank$rank"
   PYTHONPATH=. python3 tests/analysis_fixtures.py "$results/$run/stats/rank$rank" \
-    "$OUT/parity-$run-rank$rank" | tee "$OUT/parity-$run-rank$rank/verdict.txt" | tail -1
+    "$OUT/parity-$run-rank$rank" | tee "$OUT/parity-$run-rank$rank/verdict.txt" | tail -6
 done
+# one archive each: the device tool brings back a limited number of files
+tar czf "$OUT/parity.tgz" -C "$OUT" $(cd "$OUT" && ls -d parity-* 2>/dev/null) && rm -rf "$OUT"/parity-*
 tar czf "$OUT/exports.tgz" $results/gpt_small_*2/profile.rank*.sqlite 2>/dev/null
 ls -la "$OUT"
