@@ -18,6 +18,10 @@ import torch
 from torch import nn
 
 OPTIMIZERS = ("adamw_foreach", "adamw_fused", "adamw_master")
+# The update is one bandwidth-bound elementwise kernel per segment. Inductor would benchmark
+# its launch configs on the real buffers, cloning the ones it mutates for every config: on
+# the H100, 80-105 s of 2.7B's cold compile (benchmarks/NOTES-gpu.md).
+SEGMENT_COMPILE_OPTIONS = {"triton.autotune_pointwise": False}
 
 
 class MasterAdamW:
@@ -57,7 +61,8 @@ class MasterAdamW:
         self._segment: Callable[..., None] = (
             _adamw_segment
             if compile_mode == "off"
-            else torch.compile(_adamw_segment, fullgraph=True, dynamic=False)
+            else torch.compile(_adamw_segment, fullgraph=True, dynamic=False,
+                               options=SEGMENT_COMPILE_OPTIONS)
         )
 
     def _rebind(
