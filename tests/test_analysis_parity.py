@@ -1,6 +1,6 @@
 """Parity of ``python -m analysis stats`` with ``nsys stats`` on real exports.
 
-Every export under tests/fixtures/{h100,cpu,probe,nsys2025} is compared, report by
+Every export under tests/fixtures/{h100,h200x2,cpu,probe,nsys2025} is compared, report by
 report and cell by cell, with the CSVs that ``nsys stats --report R --format csv`` printed
 for it: tests/fixtures/nsys2025/<stem>/ (Nsight Systems 2025.3.1, the reference, run on
 the H100 machine) and tests/fixtures/nsys2024/<stem>/ (2024.2.3, run on the CPU machine).
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _exports() -> dict[str, Path]:
     found = {}
-    for sub in ("h100", "cpu", "probe", "nsys2025"):
+    for sub in ("h100", "h200x2", "cpu", "probe", "nsys2025"):
         for p in sorted((FIXTURES / sub).glob("*.sqlite")):
             found[p.stem] = p
     return found
@@ -61,6 +61,9 @@ def test_fixtures_present() -> None:
     ):
         assert (stem, "2025") in CASES
         assert (stem, "2024") in CASES
+    # one rank's capture of a 2-GPU run (NCCL kernels; H200 x2, nsys 2025.3.1 on that host)
+    for stem in ("gpt_small_ddp2_rank1", "gpt_small_fsdp2_rank0"):
+        assert (stem, "2025") in CASES
 
 
 @pytest.mark.parametrize("reader", ["file", "sql"])
