@@ -144,11 +144,18 @@ def _exposed_and_overlap(events: list[tuple[str, int, int]], lo: int, hi: int
                          ) -> tuple[float, float | None]:
     """Sweep over range boundaries inside [lo, hi): ms with a comm range open and no
     operator range open; overlap = 1 - exposed / (ms with a comm range open)."""
+    kinds = [("comm" if name.startswith("comm ") else "op" if name.startswith("aten::") else "",
+              start, end) for name, start, end in events]
+    return _sweep([k for k in kinds if k[0]], lo, hi)
+
+
+def _sweep(events: list[tuple[str, int, int]], lo: int, hi: int) -> tuple[float, float | None]:
+    """Over (kind, start, end) intervals of kind "comm" or "op", clipped to [lo, hi): ms with
+    a comm interval open and no op interval open, and 1 - that / ms with a comm one open."""
     points = []
-    for name, start, end in events:
-        kind = "comm" if name.startswith("comm ") else "op" if name.startswith("aten::") else ""
+    for kind, start, end in events:
         start, end = max(start, lo), min(end, hi)
-        if kind and start < end:
+        if start < end:
             points += [(start, 1, kind), (end, -1, kind)]
     points.sort()
     depth = {"comm": 0, "op": 0}
@@ -269,26 +276,7 @@ def _gpu_sweep(export: Path) -> list[tuple[float, float | None]]:
         con.close()
     events = [("comm" if "nccl" in name.lower() else "op", s, e) for name, s, e in kernels]
     events += [("op", s, e) for s, e in others]
-    out = []
-    for lo, hi in steps:
-        points = []
-        for kind, start, end in events:
-            start, end = max(start, lo), min(end, hi)
-            if start < end:
-                points += [(start, 1, kind), (end, -1, kind)]
-        points.sort(key=lambda p: (p[0], p[1]))
-        depth = {"comm": 0, "op": 0}
-        exposed = comm = 0
-        last = lo
-        for t, delta, kind in points:
-            if depth["comm"] > 0:
-                comm += t - last
-                if depth["op"] == 0:
-                    exposed += t - last
-            depth[kind] += delta
-            last = t
-        out.append((exposed / 1e6, (1 - exposed / comm) if comm else None))
-    return out
+    return [_sweep(events, lo, hi) for lo, hi in steps]
 
 
 @pytest.mark.parametrize("stem", ["gpt_small_ddp2_rank1", "gpt_small_fsdp2_rank0"])
