@@ -22,6 +22,8 @@ OPTIMIZERS = ("adamw_foreach", "adamw_fused", "adamw_master")
 # its launch configs on the real buffers, cloning the ones it mutates for every config: on
 # the H100, 80-105 s of 2.7B's cold compile (benchmarks/NOTES-gpu.md).
 SEGMENT_COMPILE_OPTIONS = {"triton.autotune_pointwise": False}
+# Inductor's alignment assumption for GPU inputs (torch._inductor.utils.GPU_ALIGN_BYTES).
+INDUCTOR_ALIGNMENT = 16
 
 
 class MasterAdamW:
@@ -222,10 +224,6 @@ def _own_storage(segment: torch.Tensor) -> torch.Tensor:
     if segment.data_ptr() % INDUCTOR_ALIGNMENT:
         return segment  # an alias: correct, but refused by a nested compile region
     return from_dlpack(to_dlpack(segment))
-
-
-# Inductor's alignment assumption for GPU inputs (torch._inductor.utils.GPU_ALIGN_BYTES).
-INDUCTOR_ALIGNMENT = 16
 
 
 def _parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:
