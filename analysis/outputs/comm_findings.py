@@ -27,6 +27,7 @@ STRAGGLER_SHARE = 0.05  # compute spread across ranks, of the step
 BUSBW_RATIO = 0.5  # of the calibrated all-reduce bus bandwidth at the same size
 SCALING_EFFICIENCY = 0.8
 VARIANT_KEYS = ("bucket_cap_mb", "reshard_after_forward")
+DDP_BUCKET_MB = 25  # PyTorch's default bucket_cap_mb
 
 
 def _row(ctx: Context, run: str) -> dict[str, Any] | None:
@@ -64,10 +65,19 @@ def variant(ctx: Context, run: str, key: str) -> str | None:
     return None
 
 
-def with_gain(ctx: Context, f: Finding, key: str) -> Finding:
-    """The measured speed-up of the variant that changes ``key``, when the config ran it."""
-    other = variant(ctx, f.run, key)
+def _param(ctx: Context, run: str, key: str) -> Any:
+    plan = read_json(ctx.results / "plan.json") or {"runs": {}}
+    return plan["runs"].get(run, {}).get("params", {}).get(key)
+
+
+def with_gain(ctx: Context, f: Finding, key: str | None,
+              toward: Callable[[Any, Any], bool] | None = None) -> Finding:
+    """The measured speed-up of the variant that changes ``key``, when the config ran it
+    (and, given ``toward(mine, theirs)``, only when the variant moves the way the fix says)."""
+    other = variant(ctx, f.run, key) if key else None
     if other is None:
+        return f
+    if toward is not None and not toward(_param(ctx, f.run, key), _param(ctx, other, key)):
         return f
     row = speedup_row(ctx.results / f.run, ctx.results / other)
     if row["status"] == OK:
@@ -77,12 +87,16 @@ def with_gain(ctx: Context, f: Finding, key: str) -> Finding:
     return f
 
 
-def _fix_key(row: dict[str, Any]) -> tuple[str, str]:
+def _fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
+    """The setting whose variant measures the fix (None: no such setting), and the fix."""
+    prefetch = ("explicit prefetch (set_modules_to_forward_prefetch / backward_prefetch) "
+                "issues the next layer's all-gather earlier")
     if row.get("parallel") == "fsdp":
+        if str(row.get("reshard_after_forward")).lower() == "false":
+            return None, f"FSDP: {prefetch}"  # the run keeps its gathered parameters already
         return "reshard_after_forward", (
             "FSDP: reshard_after_forward=False keeps the gathered parameters for backward (no "
-            "second all-gather), and explicit prefetch (set_modules_to_forward_prefetch / "
-            "backward_prefetch) issues the next layer's all-gather earlier")
+            f"second all-gather), and {prefetch}")
     return "bucket_cap_mb", (
         "DDP: bucket_cap_mb sets when each all-reduce starts: buckets small enough that the "
         "first ones are reduced while backward still computes (PyTorch's default 25 MB), large "
@@ -131,7 +145,11 @@ def slow_collectives(ctx: Context, run: str) -> Iterator[Finding]:
                  "waits for a late rank inside its kernel: see exposed communication and the "
                  "straggler spread; fewer, larger buckets (bucket_cap_mb) move more bytes per "
                  "launch")
-    yield with_gain(ctx, f, key)
+    yield with_gain(ctx, f, key, toward=_larger_buckets)
+
+
+def _larger_buckets(mine: Any, theirs: Any) -> bool:
+    return float(theirs or DDP_BUCKET_MB) > float(mine or DDP_BUCKET_MB)
 
 
 def poor_scaling(ctx: Context, run: str) -> Iterator[Finding]:
