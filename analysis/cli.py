@@ -286,9 +286,7 @@ def run_plots(args: argparse.Namespace) -> int:
 
 
 def run_overview(args: argparse.Namespace) -> int:
-    from analysis.outputs.overview import KEY_FIGURES, write_overview
+    from analysis.outputs.overview import key_figures, write_overview
 
-    figures = [args.results / "plots" / f"{n}.png" for n in KEY_FIGURES]
-    write_overview(args.results, args.output, args.html, [f for f in figures if f.is_file()],
-                   args.rst)
+    write_overview(args.results, args.output, args.html, key_figures(args.results), args.rst)
     return 0

@@ -27,10 +27,14 @@ COMM_CALIBRATIONS = (
 )
 DISTRIBUTED_TABLES = ["rank_steps", "ranks", "steps", "collectives"]
 DISTRIBUTED_PLOTS = ["rank_timeline", "comm_bandwidth"]
+# the overview shows them among its key figures (analysis/outputs/overview.py)
+DISTRIBUTED_PLOT_FILES = (
+    expand(f"{RESULTS}/plots/{{name}}.png", name=DISTRIBUTED_PLOTS) if DISTRIBUTED else []
+)
 DISTRIBUTED_OUTPUTS = (
     [
         f"{RESULTS}/distributed.csv",
-        *expand(f"{RESULTS}/plots/{{name}}.png", name=DISTRIBUTED_PLOTS),
+        *DISTRIBUTED_PLOT_FILES,
         *expand(f"{RESULTS}/{{run}}/distributed/metrics.json", run=PROFILED_DISTRIBUTED),
     ]
     if DISTRIBUTED

@@ -89,6 +89,7 @@ rule overview:
         summary=f"{RESULTS}/summary.csv",
         findings=f"{RESULTS}/findings.csv",
         plots=expand(f"{RESULTS}/plots/{{name}}.png", name=PLOTS),
+        distributed_plots=DISTRIBUTED_PLOT_FILES,
         ladders=expand(f"{RESULTS}/ladders/{{table}}.csv", table=LADDER_TABLES),
         baseline=DIFF_OUTPUTS,
     output:

@@ -125,6 +125,11 @@ def test_cross_rank_tables(results: Path) -> None:
     assert ddp["calibrated_peak_busbw_gbps"] == pytest.approx(cal["peak_busbw_gbps"])
     for plot in ("rank_timeline", "comm_bandwidth"):
         assert (results / "plots" / f"{plot}.png").read_bytes()[:4] == b"\x89PNG"
+    # the overview shows them, not the placeholders of what a distributed config lacks
+    md = (results / "SUMMARY.md").read_text()
+    assert "![rank_timeline](plots/rank_timeline.png)" in md
+    assert "![comm_bandwidth](plots/comm_bandwidth.png)" in md
+    assert "ladder_waterfall" not in md and "attention_sweep" not in md
 
 
 # -- exposed communication and overlap, recomputed from the export with SQL and a sweep -------

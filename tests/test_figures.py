@@ -128,10 +128,13 @@ def _check_pngs(paths: list[Path], outdir: Path) -> None:
 
 
 def test_all_figures_from_real_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.outputs.style import has_data
+
     results = _full_results(tmp_path)
     paths = write_figures(results / "summary.csv", results, results / "plots")
     _check_pngs(paths, results / "plots")
     assert "warning" not in capsys.readouterr().err  # no figure fell back to a placeholder
+    assert all(has_data(p) for p in paths)
     # the partial run has failed rungs and runs: drawn as gaps, not dropped
     ladder = pd.read_csv(results / "ladders" / "gpt_train_small.csv")
     assert (ladder["status"] != "ok").any()
@@ -152,10 +155,16 @@ def test_failed_cells_do_not_break_figures(tmp_path: Path,
 
 
 def test_all_figures_without_data(tmp_path: Path) -> None:
+    from analysis.outputs.overview import key_figures
+    from analysis.outputs.style import has_data
+
     results = tmp_path / "empty"
     results.mkdir()
-    paths = write_figures(results / "summary.csv", results, tmp_path / "plots")
-    _check_pngs(paths, tmp_path / "plots")
+    paths = write_figures(results / "summary.csv", results, results / "plots")
+    _check_pngs(paths, results / "plots")
+    # placeholders say so in the PNG itself, and the overview shows none of them
+    assert not any(has_data(p) for p in paths)
+    assert key_figures(results) == []
 
 
 def test_short_kernel_names() -> None:

@@ -22,7 +22,11 @@ import pandas as pd
 from analysis.outputs.findings import finding_sentence, findings_table
 from analysis.outputs.runs import OK, empty_cell, read_json
 
-KEY_FIGURES = ["ladder_waterfall", "attention_sweep", "phase_gpu_time", "kernel_categories"]
+# The overview shows the first four figures with data (a distributed config has no ladder, a
+# CPU matrix no kernels): these first, then the report's other figures in their order.
+KEY_FIGURES = ["ladder_waterfall", "rank_timeline", "comm_bandwidth", "attention_sweep",
+               "phase_gpu_time", "kernel_categories"]
+SHOWN_FIGURES = 4
 TOP_FINDINGS = 6
 LANDING_FINDINGS = 4  # the report's first page: what fits beside the workflow graph
 
@@ -215,6 +219,18 @@ def answer_tables(results: Path, summary: pd.DataFrame) -> list[tuple[str, pd.Da
         tables.append(("Attention TFLOP/s by implementation and backend",
                        att.map(_tflops).reset_index()))
     return tables
+
+
+def key_figures(results: Path) -> list[Path]:
+    """The figures with data in ``results/plots``, key ones first, at most
+    :data:`SHOWN_FIGURES`."""
+    # matplotlib's modules: imported only when figures are picked
+    from analysis.outputs.figures import FIGURES
+    from analysis.outputs.style import has_data
+
+    names = KEY_FIGURES + [n for n in FIGURES if n not in KEY_FIGURES]
+    paths = [results / "plots" / f"{name}.png" for name in names]
+    return [p for p in paths if p.is_file() and has_data(p)][:SHOWN_FIGURES]
 
 
 def markdown(results: Path, figures: list[Path]) -> str:

@@ -195,12 +195,17 @@ def bar_rows_height(rows: int, extra: float = 1.4) -> float:
     return extra + ROW_IN * max(rows, 1)
 
 
-def save(fig: Figure, path: Path) -> Path:
-    """Write a PNG and close the figure (figures are many; pyplot keeps them otherwise)."""
+def save(fig: Figure, path: Path, description: str | None = None) -> Path:
+    """Write a PNG and close the figure (figures are many; pyplot keeps them otherwise);
+    ``description`` goes into the PNG's Description text chunk."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, metadata={"Description": description} if description else None)
     plt.close(fig)
     return path
+
+
+# The Description of a placeholder PNG: the overview leaves such figures out.
+NO_DATA = "no data: "
 
 
 def empty_figure(path: Path, title: str, reason: str) -> Path:
@@ -209,9 +214,17 @@ def empty_figure(path: Path, title: str, reason: str) -> Path:
     ax = axes[0][0]
     ax.set_axis_off()
     ax.set_title(title)
-    ax.text(0.5, 0.5, f"no data: {reason}", ha="center", va="center", wrap=True,
+    ax.text(0.5, 0.5, f"{NO_DATA}{reason}", ha="center", va="center", wrap=True,
             fontsize=11, color="#555555")  # fmt: skip
-    return save(fig, path)
+    return save(fig, path, description=f"{NO_DATA}{reason}")
+
+
+def has_data(path: Path) -> bool:
+    """Whether ``path`` is a drawn figure, not a placeholder of :func:`empty_figure`."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return not str(image.info.get("Description", "")).startswith(NO_DATA)
 
 
 def short_label(text: str, limit: int = 48) -> str:
