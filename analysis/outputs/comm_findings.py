@@ -27,7 +27,7 @@ STRAGGLER_SHARE = 0.05  # compute spread across ranks, of the step
 BUSBW_RATIO = 0.5  # of the calibrated all-reduce bus bandwidth at the same size
 SCALING_EFFICIENCY = 0.8
 VARIANT_KEYS = ("bucket_cap_mb", "reshard_after_forward")
-DDP_BUCKET_MB = 25  # PyTorch's default bucket_cap_mb
+DDP_BUCKET_MB = 25  # PyTorch's default bucket_cap_mb, as workloads/__main__.py's --bucket_cap_mb
 
 
 def _row(ctx: Context, run: str) -> dict[str, Any] | None:
@@ -48,15 +48,18 @@ def _finding(run: str, rule: str, column: str, value: float, threshold: float, t
                    fix=fix, severity=severity)
 
 
-def variant(ctx: Context, run: str, key: str) -> str | None:
-    """A run of the plan equal to ``run`` but for ``key`` (the parallel setting to change)."""
+def _plan_params(ctx: Context) -> dict[str, dict[str, Any]]:
+    """run -> its parameters, from the results' plan.json."""
     plan = read_json(ctx.results / "plan.json") or {"runs": {}}
-    runs = plan["runs"]
+    return {name: info["params"] for name, info in plan["runs"].items()}
+
+
+def variant(runs: dict[str, dict[str, Any]], run: str, key: str) -> str | None:
+    """A run of the plan equal to ``run`` but for ``key`` (the parallel setting to change)."""
     if run not in runs:
         return None
-    mine = runs[run]["params"]
-    for name, info in runs.items():
-        params = info["params"]
+    mine = runs[run]
+    for name, params in runs.items():
         if name == run or params.get(key) == mine.get(key):
             continue
         if {k: v for k, v in params.items() if k not in VARIANT_KEYS} == \
@@ -65,19 +68,17 @@ def variant(ctx: Context, run: str, key: str) -> str | None:
     return None
 
 
-def _param(ctx: Context, run: str, key: str) -> Any:
-    plan = read_json(ctx.results / "plan.json") or {"runs": {}}
-    return plan["runs"].get(run, {}).get("params", {}).get(key)
-
-
 def with_gain(ctx: Context, f: Finding, key: str | None,
               toward: Callable[[Any, Any], bool] | None = None) -> Finding:
     """The measured speed-up of the variant that changes ``key``, when the config ran it
     (and, given ``toward(mine, theirs)``, only when the variant moves the way the fix says)."""
-    other = variant(ctx, f.run, key) if key else None
+    if key is None:
+        return f
+    runs = _plan_params(ctx)
+    other = variant(runs, f.run, key)
     if other is None:
         return f
-    if toward is not None and not toward(_param(ctx, f.run, key), _param(ctx, other, key)):
+    if toward is not None and not toward(runs[f.run].get(key), runs[other].get(key)):
         return f
     row = speedup_row(ctx.results / f.run, ctx.results / other)
     if row["status"] == OK:
