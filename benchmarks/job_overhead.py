@@ -100,31 +100,54 @@ def read_side(results: Path, runs: list[str]) -> dict[str, Any]:
 
 
 def read_jobs(results: Path) -> list[dict[str, Any]]:
-    """One row per GPU job that left a benchmark file: kind, wall, work, overhead."""
+    """One row per GPU process that left a benchmark file: kind, wall, work, overhead. A
+    run's timing job (all its repeats, one after another) gives a row per repeat it ran."""
     bench = results / "logs" / "benchmark"
     jobs = []
     for path in sorted(bench.rglob("*.jsonl")):
-        kind, run, record_path = job_of(path, bench, results)
+        kind, run, record_paths = job_of(path, bench, results)
         if kind is None:
             continue
         wall = _last_json_line(path)["s"]
-        record = _read_json(record_path) or {}
-        jobs.append(job_row(kind, run, path.stem, wall, record))
+        records = {p: _read_json(p) or {} for p in record_paths}
+        records = {p: r for p, r in records.items() if r.get("status") != "skipped"}
+        for record_path, share in repeat_walls(wall, records).items():
+            name = path.stem if len(record_paths) == 1 else f"{run}.{record_path.stem}"
+            row = job_row(kind, run, name, share, records[record_path])
+            jobs.append({**row, "snakemake_job": str(path.relative_to(bench))})
     return jobs
 
 
-def job_of(path: Path, bench: Path, results: Path) -> tuple[str | None, str, Path]:
-    """(kind, run, the job's JSON) of a benchmark file."""
+def job_of(path: Path, bench: Path, results: Path) -> tuple[str | None, str, list[Path]]:
+    """(kind, run, the job's JSONs) of a benchmark file: a timing job per run (its repeats'
+    records) or, before they were grouped, per repeat."""
     rel = path.relative_to(bench)
     if rel.parts[0] == "time_run":
-        run, repeat = re.fullmatch(r"(.+)\.r(\d+)\.jsonl", rel.parts[1]).groups()  # type: ignore[union-attr]
-        return "timing", run, results / run / "timing" / f"r{repeat}.json"
+        per_repeat = re.fullmatch(r"(.+)\.r(\d+)\.jsonl", rel.parts[1])
+        if per_repeat:
+            run, repeat = per_repeat.groups()
+            return "timing", run, [results / run / "timing" / f"r{repeat}.json"]
+        run = rel.parts[1].removesuffix(".jsonl")
+        return "timing", run, sorted((results / run / "timing").glob("r*.json"),
+                                     key=lambda p: int(p.stem[1:] or 0))
     if rel.parts[0] == "profile":
         run = rel.parts[1].removesuffix(".jsonl")
-        return "capture", run, results / run / "times.json"
+        return "capture", run, [results / run / "times.json"]
     if rel.name == "calibrate.jsonl":
-        return "calibrate", "", results / "calibration.json"
-    return None, "", path
+        return "calibrate", "", [results / "calibration.json"]
+    return None, "", []
+
+
+def repeat_walls(wall: float, records: dict[Path, dict[str, Any]]) -> dict[Path, float]:
+    """Each process's share of its job's wall time: its own span (the guard's timeline) plus
+    an equal share of what the job spent outside every span (Snakemake's job start, the
+    guard's own start and exit). One record: the whole wall."""
+    spans = {p: (r.get("guard_unix") or {}) for p, r in records.items()}
+    if len(records) == 1 or not all(s.get("started") and s.get("ended") for s in spans.values()):
+        return dict.fromkeys(records, wall) if len(records) == 1 else {}
+    inside = {p: s["ended"] - s["started"] for p, s in spans.items()}
+    outside = (wall - sum(inside.values())) / len(records)
+    return {p: round(span + outside, 4) for p, span in inside.items()}
 
 
 def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
@@ -184,6 +207,11 @@ def parts_stats(jobs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                          **{part: round(statistics.median(r[part] for r in rows), 3)
                             for part in PARTS}}
     return out
+
+
+def snakemake_jobs(rows: list[dict[str, Any]]) -> set[str]:
+    """The Snakemake jobs behind rows of processes (a timing job runs a run's repeats)."""
+    return {row.get("snakemake_job") or row["job"] for row in rows}
 
 
 def work_seconds(record: dict[str, Any]) -> float | None:
@@ -414,7 +442,7 @@ class Costs:
         stats = overhead_stats(jobs)
         # Snakemake's time between jobs, from invocations timed whole (not a --read side)
         gaps = [max(0.0, (side["wall_s"] - sum(j["wall_s"] for j in side["jobs"]))
-                    / max(1, len(side["jobs"])))
+                    / max(1, len(snakemake_jobs(side["jobs"]))))
                 for side in sides if math.isfinite(side.get("wall_s") or math.nan)]
         compiles: dict[str, list[float]] = {}
         for j in jobs:
@@ -441,34 +469,58 @@ class Costs:
 def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: bool,
                       costs: Costs, step_ms: Callable[[str, dict[str, Any]], float]
                       ) -> dict[str, Any]:
-    """A config's GPU time on one GPU, its jobs one after another: per job its fixed overhead
-    + warm-up steps (+ compilation) + measured steps x the run's step time; a capture's steps
-    are slower by the tracer. `runs`: name -> resolved parameters (pipeline.config);
-    `step_ms(name, params)`: the run's untraced step time in ms."""
+    """A config's GPU time on one GPU, its jobs one after another: per process its fixed
+    overhead + warm-up steps (+ compilation) + measured steps x the run's step time (a
+    capture's slower by the tracer), and Snakemake's gap per job: a run's timing job runs
+    its `repeats` processes, a capture is a job of its own. A run this GPU cannot run
+    (expected_unsupported) is one short process: the guard skips its other repeats.
+    `runs`: name -> resolved parameters (pipeline.config); `step_ms(name, params)`: the
+    run's untraced step time in ms."""
     total = costs.calibrate_s + costs.gap_s if calibrate else 0.0
-    jobs = int(calibrate)
+    jobs = processes = int(calibrate)
     by_part = {"overhead": 0.0, "warmup": 0.0, "steps": 0.0, "compile": 0.0, "gaps": 0.0}
+    unsupported = 0
     for name, params in runs.items():
-        step_s = step_ms(name, params) / 1e3
         compiled = params.get("compile", "off") != "off"
-        compile_s = costs.compile_for(params["workload"]) if compiled else 0.0
-        warm = params.get("warmup", 0) * step_s
-        steps = params.get("steps", 1) * step_s
-        n_jobs = repeats
-        by_part["overhead"] += repeats * (costs.compiled_timing_overhead_s if compiled
-                                          else costs.timing_overhead_s)
-        by_part["steps"] += repeats * steps
-        if params.get("profile", True):
-            n_jobs += 1
-            by_part["overhead"] += costs.capture_overhead_s
-            by_part["steps"] += steps * costs.trace_slowdown
-        by_part["warmup"] += n_jobs * warm
-        by_part["compile"] += n_jobs * compile_s
+        overhead = costs.compiled_timing_overhead_s if compiled else costs.timing_overhead_s
+        n_jobs = 1 + bool(params.get("profile", True))
+        if expected_unsupported(params):
+            unsupported += 1
+            n_jobs, n_processes = 1, 1
+            by_part["overhead"] += overhead
+        else:
+            step_s = step_ms(name, params) / 1e3
+            steps = params.get("steps", 1) * step_s
+            n_processes = repeats + n_jobs - 1
+            by_part["overhead"] += repeats * overhead
+            by_part["steps"] += repeats * steps
+            if n_jobs == 2:
+                by_part["overhead"] += costs.capture_overhead_s
+                by_part["steps"] += steps * costs.trace_slowdown
+            by_part["warmup"] += n_processes * params.get("warmup", 0) * step_s
+            if compiled:
+                by_part["compile"] += n_processes * costs.compile_for(params["workload"])
         by_part["gaps"] += n_jobs * costs.gap_s
         jobs += n_jobs
+        processes += n_processes
     total += sum(by_part.values())
-    return {"gpu_jobs": jobs, "hours": round(total / 3600, 2), "seconds": round(total),
+    return {"gpu_jobs": jobs, "gpu_processes": processes, "runs_unsupported": unsupported,
+            "hours": round(total / 3600, 2), "seconds": round(total),
             "by_part_s": {k: round(v) for k, v in by_part.items()}, "costs": asdict(costs)}
+
+
+# FlashAttention's and cuDNN's SDPA kernels take half precision only: such a cell is an
+# `unsupported` row on every GPU (PyTorch's own check, workloads/attention.py).
+HALF_ONLY_BACKENDS = {"flash", "cudnn"}
+
+
+def expected_unsupported(params: dict[str, Any]) -> bool:
+    """Whether a run will be an `unsupported` row whatever the GPU: an SDPA backend that
+    takes half precision only, asked for fp32 or tf32."""
+    return (params.get("workload") in ("attention", "attention_core")
+            and params.get("impl", "sdpa") == "sdpa"
+            and params.get("sdpa_backend") in HALF_ONLY_BACKENDS
+            and params.get("dtype") in ("fp32", "tf32"))
 
 
 # An untraced step's estimate when no measurement is given: FLOPs at an achieved rate (H100,

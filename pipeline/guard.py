@@ -2,7 +2,8 @@
 crashed pipeline.
 
     python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N]
-                             [--expect FILE ...] [--run NAME] [--fork-slot N] -- CMD ARGS...
+                             [--expect FILE ...] [--run NAME] [--fork-slot N]
+                             [--repeats R] -- CMD ARGS...
 
 CMD runs in its own process group; its stdout/stderr stream through to the guard's (the job
 log). With --fork-slot N, a `<python> -m workloads ARGS` command is forked by the pipeline's
@@ -22,6 +23,14 @@ a process. RESULT.json ends up with a ``status``:
 * ``error``: anything else, with the last lines of its output as ``message``; also when it
   succeeded but an --expect file is missing, empty, or (``*.sqlite``) not a complete nsys
   export.
+
+With --repeats R the command runs R times, one after another (a run's timing processes as one
+job: Snakemake's start and the gap between jobs are paid once per run, not per process):
+repeat i has ``{repeat}`` in --out, --fork-slot and CMD replaced by i, and gets its own
+RESULT.json, timeout and process (forked by server i). A repeat that ends ``oom``,
+``unsupported`` or ``timeout`` ends the run: the same run fails the same way again (it does
+not fit, this machine cannot run it, or it would wait out the limit once more), so each
+later repeat's RESULT.json says ``skipped`` and why, and no process starts for it.
 
 A command that fails the way nsys does when it loses its own agent while a session starts
 (exit 1 within seconds, no record written, "Connection to Agent lost" or "End of file") is
@@ -88,6 +97,13 @@ TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(\S.*?)\s*$")
 # Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
 NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+# --repeats: the placeholder each repeat's index replaces, and the statuses after which the
+# run's later repeats are not started (they are written as SKIPPED records).
+REPEAT = "{repeat}"
+FINAL_STATUSES = ("oom", "unsupported", "timeout")
+SKIPPED = "skipped"
 
 
 class Interrupted(Exception):
@@ -479,9 +495,12 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--expect", nargs="+", type=Path, default=[], metavar="FILE",
                         help="files a successful CMD must leave (non-empty; nsys exports)")
     parser.add_argument("--run", help="the run's name, recorded in the result")
-    parser.add_argument("--fork-slot", type=int, metavar="N",
+    parser.add_argument("--fork-slot", metavar="N",
                         help="let fork server N (PROFBENCH_FORKSERVER) fork a `python -m "
                              "workloads` CMD; without a server CMD starts as a process")
+    parser.add_argument("--repeats", type=int, metavar="R",
+                        help=f"run CMD R times, one after another; {REPEAT} in --out, "
+                             "--fork-slot and CMD becomes the repeat's index")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     if args.cmd[:1] == ["--"]:
@@ -490,7 +509,42 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("no command given (put it after --)")
     if args.timeout_s is not None and args.timeout_s <= 0:
         parser.error(f"--timeout-s must be positive, not {args.timeout_s:g}")
+    if args.repeats is not None:
+        if args.repeats < 1:
+            parser.error(f"--repeats must be at least 1, not {args.repeats}")
+        if REPEAT not in str(args.out):
+            parser.error(f"--repeats needs {REPEAT} in --out (each repeat writes its own)")
+    elif any(REPEAT in a for a in [str(args.out), args.fork_slot or "", *args.cmd]):
+        parser.error(f"{REPEAT} is only replaced with --repeats")
+    try:
+        [_slot(args.fork_slot, i) for i in range(args.repeats or 1)]
+    except ValueError:
+        parser.error(f"--fork-slot must be a number (or {REPEAT}), not {args.fork_slot!r}")
     return args
+
+
+def _slot(fork_slot: str | None, repeat: int) -> int | None:
+    return None if fork_slot is None else int(fork_slot.replace(REPEAT, str(repeat)))
+
+
+def repeat_args(args: argparse.Namespace, repeat: int) -> argparse.Namespace:
+    """The arguments of one repeat: its index in place of {repeat} (--out, --fork-slot, CMD)."""
+    if args.repeats is None:
+        return argparse.Namespace(**{**vars(args), "fork_slot": _slot(args.fork_slot, 0)})
+    put = str(repeat)
+    return argparse.Namespace(**{
+        **vars(args), "out": Path(str(args.out).replace(REPEAT, put)),
+        "fork_slot": _slot(args.fork_slot, repeat),
+        "cmd": [a.replace(REPEAT, put) for a in args.cmd]})
+
+
+def skipped_result(repeat: int, after: int, ended: dict[str, Any]) -> dict[str, Any]:
+    """The record of a repeat not started because repeat `after` ended the run."""
+    why = str(ended.get("message") or "").strip().splitlines()
+    return {"status": SKIPPED, "repeat": repeat,
+            "skipped_after": {"repeat": after, "status": ended["status"]},
+            "message": f"not run: repeat {after} ended {ended['status']}"
+                       + (f" ({why[0]})" if why else "")}
 
 
 def _install_stop_handlers() -> None:
@@ -551,22 +605,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"guard: {note}", file=sys.stderr, flush=True)
     if args.fork_slot is None:
         _adopt_orphans()
+    one = repeat_args(args, 0)
     try:
-        args.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
-        result = guarded_result(args, running)
-        if args.run:
-            result.setdefault("run", args.run)
-        write_atomically(args.out, result)
+        ended: tuple[int, dict[str, Any]] | None = None  # the repeat that ended the run
+        for repeat in range(args.repeats or 1):
+            one = repeat_args(args, repeat)
+            if ended is not None:
+                write_result(one, skipped_result(repeat, *ended), repeat)
+                continue
+            if args.repeats is not None:
+                print(f"guard: repeat {repeat} of {args.repeats}", file=sys.stderr, flush=True)
+            one.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
+            result = write_result(one, guarded_result(one, running),
+                                  None if args.repeats is None else repeat)
+            if args.repeats is not None and result["status"] in FINAL_STATUSES:
+                ended = (repeat, result)
     except Interrupted as stop:
         for proc in running:
             _stop_group(proc, stop.signum, args.grace_s)
-        args.out.unlink(missing_ok=True)  # an interrupted run has no result
+        one.out.unlink(missing_ok=True)  # an interrupted run has no result
         print(f"guard: interrupted by {stop}; the command's process group was stopped and "
               f"no result was written", file=sys.stderr)
         return 128 + stop.signum
-    print(f"guard: {args.run or args.cmd[0]}: {result['status']} "
-          f"(exit {result['returncode']}, {result['elapsed_s']} s)", file=sys.stderr)
     return 0
+
+
+def write_result(args: argparse.Namespace, result: dict[str, Any],
+                 repeat: int | None = None) -> dict[str, Any]:
+    """Write one command's (or skipped repeat's) result, named after its run, and say so."""
+    if args.run:
+        result.setdefault("run", args.run)
+    write_atomically(args.out, result)
+    how = (result["message"] if result["status"] == SKIPPED
+           else f"{result['status']} (exit {result['returncode']}, {result['elapsed_s']} s)")
+    which = "" if repeat is None else f" r{repeat}"
+    print(f"guard: {args.run or args.cmd[0]}{which}: {how}", file=sys.stderr, flush=True)
+    return result
 
 
 if __name__ == "__main__":

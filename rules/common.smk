@@ -205,6 +205,11 @@ def gpu_job_runtime(wildcards, attempt) -> int:
                                       config["timeout_min"])
 
 
+def timing_job_runtime(wildcards, attempt) -> int:
+    """Wall time (minutes) of a run's timing job: its processes run one after another."""
+    return len(REPEATS) * gpu_job_runtime(wildcards, attempt)
+
+
 # --- start-up checks (pipeline/checks.py) ------------------------------------------------------
 # Each problem stops the workflow with one line saying what to do, before any job runs:
 # - now, while the workflow is read (also for a dry run): the results folder must be writable,

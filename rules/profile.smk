@@ -71,34 +71,42 @@ rule calibrate:
 
 
 rule time_run:
-    """One untraced timing process of a run: same workload, warm-up and steps, no tracer."""
+    """A run's untraced timing processes, one after another: same workload, warm-up and steps,
+    no tracer. One job per run (not per process): Snakemake's job start and the gap between
+    jobs are paid once per run (docs/timing.md)."""
     input:
         image=IMAGE_INPUT,
     output:
-        f"{RESULTS}/{{run}}/timing/r{{repeat}}.json",
+        expand(f"{RESULTS}/{{{{run}}}}/timing/r{{repeat}}.json", repeat=REPEATS),
     log:
-        f"{LOGS}/time_run/{{run}}.r{{repeat}}.log",
+        f"{LOGS}/time_run/{{run}}.log",
     benchmark:
-        f"{LOGS}/benchmark/time_run/{{run}}.r{{repeat}}.jsonl"
+        f"{LOGS}/benchmark/time_run/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
         guard=GUARD,
         python=PYTHON,
+        repeats=len(REPEATS),
+        # each repeat's record: the guard puts the repeat's index in place of {repeat}
+        out=lambda wc: f"{RESULTS}/{wc.run}/timing/r{{repeat}}.json",
     # all of --cores: nothing else runs beside a timing job (timing_threads says why)
     threads: timing_threads()
     resources:
         gpu=1,
         mem_mb=gpu_job_mem_mb,
-        runtime=gpu_job_runtime,
+        runtime=timing_job_runtime,
     container:
         RULE_CONTAINER
     shell:
         # The cores keep other jobs away; the workload itself runs with one CPU thread, as in
-        # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). With
-        # `launcher: fork`, repeat i is forked by fork server i (rules/common.smk): the
-        # repeats of one run come from different interpreters.
-        "{params.guard} --run {wildcards.run} --fork-slot {wildcards.repeat} --out {output} --"
-        " {params.python} -m workloads {params.workload} --out {output} > {log} 2>&1"
+        # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). The
+        # guard runs the repeats one after another, each its own process: with `launcher:
+        # fork`, repeat i is forked by fork server i (rules/common.smk), so the repeats of one
+        # run come from different interpreters. A repeat that ends oom, unsupported or
+        # timeout ends the run (the later ones are `skipped` records).
+        "{params.guard} --run {wildcards.run} --repeats {params.repeats}"
+        " --fork-slot '{{repeat}}' --out {params.out} --"
+        " {params.python} -m workloads {params.workload} --out {params.out} > {log} 2>&1"
 
 
 rule profile:

@@ -226,6 +226,19 @@ def test_standard_config_runs_the_default_matrix_unchanged() -> None:
     assert set(default.comparisons) <= set(standard.comparisons)
 
 
+@pytest.mark.parametrize("name", ["config/standard.yaml", "config/full.yaml"])
+def test_bigger_configs_measure_a_run_as_the_default_does(name: str) -> None:
+    """The same tracer, timing processes, limit and default warm-up and steps as config.yaml:
+    a run's numbers do not depend on which matrix it was part of."""
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    other = yaml.safe_load((REPO / name).read_text())
+    assert other["nsys"]["trace"] == default["nsys"]["trace"]
+    assert other["timing"] == default["timing"]
+    assert other["timeout_min"] == default["timeout_min"]
+    for key in ("warmup", "steps", "seed", "compile_blocks"):
+        assert other["defaults"][key] == default["defaults"][key], key
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "config/standard.yaml", "config/full.yaml"])
 def test_shipped_ladders_change_one_key_per_rung(name: str) -> None:
     """A rung's gain is credited to its change only when that change is the only difference

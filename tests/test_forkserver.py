@@ -243,15 +243,23 @@ def test_projection_adds_up_per_job_costs() -> None:
                      "compile": "default"},
         "cell": {"workload": "attention_core", "warmup": 4, "steps": 10, "profile": False,
                  "compile": "default"},
+        # flash in fp32: an `unsupported` row, one process (the guard skips the others)
+        "flash_fp32": {"workload": "attention_core", "impl": "sdpa", "sdpa_backend": "flash",
+                       "dtype": "fp32", "warmup": 4, "steps": 10, "profile": False,
+                       "compile": "default"},
     }
     out = job_overhead.project_wall_time(runs, repeats=3, calibrate=True, costs=costs,
                                          step_ms=lambda name, _: 100.0)
-    eager = 3 * (1.0 + 0.2 + 1.0) + (10.0 + 0.2 + 2.0)  # 3 timing jobs + 1 capture
+    eager = 3 * (1.0 + 0.2 + 1.0) + (10.0 + 0.2 + 2.0)  # 3 timing processes + 1 capture
     compiled = 3 * (3.0 + 0.4 + 20.0 + 1.0)  # a GPT: no measured compile of its own
     cell = 3 * (3.0 + 0.4 + 2.0 + 1.0)  # an attention cell: its workload's compile
-    gaps = (4 + 3 + 3) * 0.5
-    assert out["gpu_jobs"] == 1 + 4 + 3 + 3
-    assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + cell + gaps)
+    flash_fp32 = 3.0  # its one process's overhead
+    # one timing job per run (its repeats one after another), one per capture
+    gaps = (2 + 1 + 1 + 1) * 0.5
+    assert out["gpu_jobs"] == 1 + 2 + 1 + 1 + 1
+    assert out["gpu_processes"] == 1 + 4 + 3 + 3 + 1
+    assert out["runs_unsupported"] == 1
+    assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + cell + flash_fp32 + gaps)
 
 
 def load_benchmark():  # noqa: ANN201 - a module loaded from a path

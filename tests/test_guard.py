@@ -207,3 +207,91 @@ def test_reader_that_goes_away_does_not_block_the_command(tmp_path: Path) -> Non
     proc.stdout.close()
     assert proc.wait(timeout=60) == 0
     assert result(out)["status"] == "ok"
+
+
+# --- a run's repeats in one job (--repeats) ----------------------------------------------------
+
+# Records its pid and its repeat index (from the substituted argument), then exits with the
+# code the test asks for that repeat (0: ok, 4: unsupported, 1: an error).
+REPEAT_SCRIPT = ("import json, os, sys, time; out, code = sys.argv[1], CODE; "
+                 "print('repeat', sys.argv[2], 'pid', os.getpid()); "
+                 "json.dump({'pid': os.getpid(), 'arg': sys.argv[2], 'at': time.time()}, "
+                 "open(out, 'w')) if code == 0 else None; sys.exit(code)")
+
+
+def repeats(tmp_path: Path, n: int, codes: str, *opts: str) -> subprocess.CompletedProcess[str]:
+    """The guard running REPEAT_SCRIPT n times; `codes` the exit code of each repeat by index
+    (a repeat past its end exits 0)."""
+    out = tmp_path / "r{repeat}.json"
+    script = REPEAT_SCRIPT.replace("CODE", f"([{codes}] + [0] * 9)[int(sys.argv[2])]")
+    return guard(out, PY, "-c", script, str(out), "{repeat}",
+                 opts=("--run", "cell", "--repeats", str(n), *opts))
+
+
+def test_repeats_run_one_after_another_each_its_own_process(tmp_path: Path) -> None:
+    done = repeats(tmp_path, 3, "0, 0, 0")
+    assert done.returncode == 0, done.stderr
+    records = [result(tmp_path / f"r{i}.json") for i in range(3)]
+    assert [r["status"] for r in records] == ["ok"] * 3
+    assert [r["arg"] for r in records] == ["0", "1", "2"]  # {repeat} replaced in CMD
+    assert len({r["pid"] for r in records}) == 3 and all(r["run"] == "cell" for r in records)
+    spans = [(r["guard_unix"]["started"], r["guard_unix"]["ended"]) for r in records]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["r0.json", "r1.json", "r2.json"]
+    assert "repeat 0 pid" in done.stdout and "repeat 2 pid" in done.stdout
+
+
+def test_unsupported_repeat_ends_the_run_and_the_rest_are_skipped(tmp_path: Path) -> None:
+    done = repeats(tmp_path, 3, "4")
+    assert done.returncode == 0, done.stderr
+    first, *rest = (result(tmp_path / f"r{i}.json") for i in range(3))
+    assert first["status"] == "unsupported" and first["returncode"] == 4
+    for i, r in enumerate(rest, start=1):
+        assert r["status"] == "skipped" and r["repeat"] == i and r["run"] == "cell"
+        assert r["skipped_after"] == {"repeat": 0, "status": "unsupported"}
+        assert r["message"].startswith("not run: repeat 0 ended unsupported")
+    assert "repeat 1 pid" not in done.stdout  # no process started for a skipped repeat
+
+
+def test_an_error_does_not_end_the_run(tmp_path: Path) -> None:
+    """An error may be transient: the next repeats still run."""
+    done = repeats(tmp_path, 3, "0, 1")
+    assert done.returncode == 0, done.stderr
+    assert [result(tmp_path / f"r{i}.json")["status"] for i in range(3)] == ["ok", "error", "ok"]
+
+
+def test_a_timeout_ends_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "r{repeat}.json"
+    done = guard(out, PY, "-c", "import time; time.sleep(60)", "{repeat}",
+                 opts=("--repeats", "2", "--timeout-s", "1", "--grace-s", "1"))
+    assert done.returncode == 0, done.stderr
+    assert result(tmp_path / "r0.json")["status"] == "timeout"
+    assert result(tmp_path / "r1.json")["skipped_after"] == {"repeat": 0, "status": "timeout"}
+
+
+def test_signal_during_a_later_repeat_leaves_that_repeat_without_result(tmp_path: Path) -> None:
+    out, started = tmp_path / "r{repeat}.json", tmp_path / "started1"
+    script = (f"import sys, time; sys.argv[1] == '1' and open({str(started)!r}, 'w')"
+              ".write('x'); time.sleep(0 if sys.argv[1] == '0' else 300)")
+    proc = subprocess.Popen([PY, "-m", "pipeline.guard", "--out", str(out), "--repeats", "3",
+                             "--grace-s", "2", "--", PY, "-c", script, "{repeat}"],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)
+    wait_for(started)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert result(tmp_path / "r0.json")["status"] == "ok"
+    assert not (tmp_path / "r1.json").exists() and not (tmp_path / "r2.json").exists()
+
+
+@pytest.mark.parametrize(("opts", "says"), [
+    (("--repeats", "2"), "--repeats needs {repeat} in --out"),
+    (("--repeats", "0"), "--repeats must be at least 1"),
+    (("--fork-slot", "{repeat}"), "{repeat} is only replaced with --repeats"),
+    (("--fork-slot", "x"), "--fork-slot must be a number"),
+])
+def test_repeat_usage_errors_name_the_option(tmp_path: Path, opts: tuple[str, ...],
+                                             says: str) -> None:
+    done = guard(tmp_path / "r.json", "true", opts=opts)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())

@@ -60,7 +60,7 @@ def flatten(prefix: str, value: Any) -> dict[str, Any]:
 def timing_columns(timing: Timing, threshold: float) -> dict[str, Any]:
     """Estimate, CI and spread of the untraced step time."""
     if timing.status != OK:
-        return {"timing_processes": len(timing.records)}
+        return {"timing_processes": len(timing.started)}
     s = summarize(timing.per_process_ms, unstable_threshold=threshold)
     return {
         "step_ms": s.median_ms, "step_ci_low_ms": s.ci_low_ms, "step_ci_high_ms": s.ci_high_ms,

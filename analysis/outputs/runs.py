@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 OK = "ok"
+# A repeat the guard did not start, because an earlier one ended the run (oom, unsupported,
+# timeout: pipeline/guard.py): it measured nothing and says nothing about the run's status.
+SKIPPED = "skipped"
 # Worst first: the status a run gets when its processes disagree.
 STATUS_ORDER = ["error", "timeout", "oom", "unsupported", OK]
 
@@ -27,6 +30,11 @@ class Timing:
     """The untraced timing processes of one run."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def started(self) -> list[dict[str, Any]]:
+        """The records of processes that ran (not the repeats skipped after a failure)."""
+        return [r for r in self.records if r.get("status") != SKIPPED]
 
     @property
     def ok_records(self) -> list[dict[str, Any]]:
@@ -41,12 +49,12 @@ class Timing:
         """ok when at least one process measured; else the worst failure."""
         if self.ok_records:
             return OK
-        statuses = [r.get("status", "error") for r in self.records] or ["error"]
+        statuses = [r.get("status", "error") for r in self.started] or ["error"]
         return min(statuses, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 0)
 
     @property
     def message(self) -> str | None:
-        failed = [r for r in self.records if r.get("status", OK) != OK]
+        failed = [r for r in self.started if r.get("status", OK) != OK]
         return str(failed[0].get("message") or "") if failed else None
 
 
