@@ -87,7 +87,33 @@ PRELOAD = (
     "torch._inductor.runtime.triton_heuristics",
     "triton",
     "workloads.__main__",
+    # What a compiled timing process still imported after the modules above (H100, torch
+    # 2.11, call D of 2026-11-25): Dynamo's backends, export's tracer, more of Inductor, and
+    # DTensor's experimental package, whose context-parallel module registers two custom ops
+    # at import (0.3-0.4 s of every compiled process). Last, so that one of them that cannot
+    # be preloaded costs nothing of the list before it.
+    "torch._dynamo.backends.inductor",
+    "torch._dynamo.backends.cudagraphs",
+    "torch.export._trace",
+    "torch.distributed.tensor.experimental",
+    "torch._inductor.codegen.cuda_combined_scheduling",
+    "torch._inductor.codegen.wrapper_fxir",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.compiler_bisector",
+    "torch._inductor.hooks",
+    "torch._subclasses.schema_check_mode",
+    "torch.fx.experimental.validator",
+    "torch._higher_order_ops.passes.inline_invoke_subgraph",
+    "torch._functorch._aot_autograd.subclass_codegen",
+    "triton.tools.tensor_descriptor",
+    "triton.compiler.code_generator",
 )
+# Values Inductor computes once per process from the installed files, to key its caches: the
+# hashes of torch's and of Triton's sources (0.1-0.2 s and ~0.4 s of every compiled process on
+# the H100, call D). Constants of the installation, so the server computes them after
+# preloading (when their module was preloaded) and every child inherits them.
+# (workloads/process_state.py records which a job found computed; tests check both agree.)
+INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key")
 # Preloads that may be missing (no Triton on a CPU-only torch): the child imports what it needs.
 OPTIONAL = frozenset(PRELOAD) - {"torch", "torch._dynamo", "workloads.__main__"}
 # Environment read while those modules are imported (threads, allocator, library paths,
@@ -456,6 +482,27 @@ def preload() -> dict[str, float | str]:
     for i in range(len(clean), len(modules)):
         times[modules[i]] = (f"not preloaded: importing {modules[bad]} leaves a thread ({why})"
                              if i == bad else f"not preloaded: after {modules[bad]}")
+    times.update(compute_install_keys())
+    return times
+
+
+def compute_install_keys() -> dict[str, float | str]:
+    """Call each of :data:`INSTALL_KEYS` whose module is imported (their values stay cached
+    in this process, for its children); seconds per key, or why it was not computed."""
+    times: dict[str, float | str] = {}
+    for key in INSTALL_KEYS:
+        module, name = key.rsplit(".", 1)
+        compute = getattr(sys.modules.get(module), name, None)
+        if not callable(compute):
+            times[key] = f"not computed: {module} not preloaded or has no {name}"
+            continue
+        start = time.perf_counter()
+        try:
+            compute()
+        except Exception as e:  # noqa: BLE001 - a job then computes it itself
+            times[key] = f"not computed: {type(e).__name__}: {e}"
+            continue
+        times[key] = round(time.perf_counter() - start, 3)
     return times
 
 

@@ -124,6 +124,15 @@ def test_nothing_compiled_or_allocated_before_the_workload(leak_records, launche
         assert p["cuda_initialized"] is False and p["cuda_memory"] is None
         assert p["inductor_code_cache_modules"] == 0
         assert p["dynamo_frame_counts"] == 0
+        # what a child does inherit: the install's cache keys its server computed
+        expected = list(forkserver.INSTALL_KEYS) if launcher == "fork" else []
+        assert p["install_keys_cached"] == expected
+
+
+def test_the_install_keys_a_server_computes_are_the_ones_a_job_reads() -> None:
+    from workloads import process_state
+
+    assert process_state.INSTALL_KEYS == forkserver.INSTALL_KEYS
 
 
 def test_unseeded_generators_are_reseeded_and_seeded_ones_start_from_the_seed(

@@ -43,6 +43,9 @@ def at_start() -> dict[str, Any]:
         "cuda_memory": _cuda_memory(),
         "inductor_code_cache_modules": _inductor_modules(),
         "dynamo_frame_counts": _dynamo_frame_counts(),
+        # Inductor's install keys already computed in this process (by its fork server:
+        # hashes of the installed torch and Triton sources, constants of the install)
+        "install_keys_cached": _install_keys_cached(),
         "python_random_draw": random.random(),
         "numpy_random_draw": None if numpy is None else float(numpy.random.random()),
         "torch_initial_seed": torch.initial_seed(),
@@ -81,6 +84,35 @@ def after_build() -> dict[str, Any]:
     generator = torch.Generator()
     generator.set_state(torch.default_generator.get_state())
     return {"torch_draw_after_build": float(torch.rand(1, generator=generator))}
+
+
+# The functions whose cached values a fork server computes for its children
+# (pipeline/forkserver.py: INSTALL_KEYS; that module is the guard's, not imported here).
+INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key")
+
+
+def _install_keys_cached() -> list[str]:
+    """Which of INSTALL_KEYS hold a value already (read from their cache, never computed):
+    functools' caches by their size, torch's prefetchable cache by its cell."""
+    cached = []
+    for key in INSTALL_KEYS:
+        module, name = key.rsplit(".", 1)
+        fn = getattr(sys.modules.get(module), name, None)
+        if fn is not None and _holds_value(fn):
+            cached.append(key)
+    return cached
+
+
+def _holds_value(fn: Any) -> bool:
+    info = getattr(fn, "cache_info", None)
+    if info is not None:
+        return info().currsize > 0
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
+    try:
+        value = cells["_cache"].cell_contents
+    except (KeyError, ValueError):
+        return False
+    return type(value) is not object  # its "nothing yet" sentinel is a bare object()
 
 
 def _cuda_memory() -> dict[str, int] | None:
