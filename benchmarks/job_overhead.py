@@ -657,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="project this config's wall time from --costs")
     parser.add_argument("--costs", nargs="+", type=Path,
                         help="result JSONs of this benchmark (their jobs' medians)")
+    parser.add_argument("--cold-costs", nargs="+", type=Path, metavar="JSON",
+                        help="result JSONs of runs that started without a compile cache: "
+                             "their first compiles replace --costs' cold compiles")
     parser.add_argument("--measured", nargs="*", type=Path, default=[],
                         help="results folders whose step times the projection uses")
     parser.add_argument("snakemake_args", nargs="*", help="after --: more Snakemake arguments")
@@ -667,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
                  if args.costs else None)
         if costs is None:
             parser.error("--project needs --costs (a result JSON of this benchmark)")
+        if args.cold_costs:
+            cold = Costs.from_results([json.loads(p.read_text()) for p in args.cold_costs])
+            costs.cold_compile_s_by_workload = cold.cold_compile_s_by_workload
         projection = project(args.project, costs, args.measured)
         print(json.dumps(projection, indent=2))
         if args.out:

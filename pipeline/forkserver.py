@@ -111,9 +111,11 @@ PRELOAD = (
 # Values Inductor computes once per process from the installed files, to key its caches: the
 # hashes of torch's and of Triton's sources (0.1-0.2 s and ~0.4 s of every compiled process on
 # the H100, call D). Constants of the installation, so the server computes them after
-# preloading (when their module was preloaded) and every child inherits them.
+# preloading (when their module was preloaded) and every child inherits them. Triton's own
+# cached function is the one torch 2.11 calls; torch 2.13 caches it in codecache as well.
 # (workloads/process_state.py records which a job found computed; tests check both agree.)
-INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key")
+INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key",
+                "triton.runtime.cache.triton_key")
 # Preloads that may be missing (no Triton on a CPU-only torch): the child imports what it needs.
 OPTIONAL = frozenset(PRELOAD) - {"torch", "torch._dynamo", "workloads.__main__"}
 # Environment read while those modules are imported (threads, allocator, library paths,

@@ -125,8 +125,12 @@ def test_nothing_compiled_or_allocated_before_the_workload(leak_records, launche
         assert p["inductor_code_cache_modules"] == 0
         assert p["dynamo_frame_counts"] == 0
         # what a child does inherit: the install's cache keys its server computed
-        expected = list(forkserver.INSTALL_KEYS) if launcher == "fork" else []
-        assert p["install_keys_cached"] == expected
+        # (Triton's own key only where Triton is installed: not on a CPU-only torch)
+        cached = set(p["install_keys_cached"])
+        if launcher == "fork":
+            assert set(forkserver.INSTALL_KEYS[:2]) <= cached <= set(forkserver.INSTALL_KEYS)
+        else:
+            assert cached == set()
 
 
 def test_the_install_keys_a_server_computes_are_the_ones_a_job_reads() -> None:

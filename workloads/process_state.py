@@ -88,7 +88,8 @@ def after_build() -> dict[str, Any]:
 
 # The functions whose cached values a fork server computes for its children
 # (pipeline/forkserver.py: INSTALL_KEYS; that module is the guard's, not imported here).
-INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key")
+INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key",
+                "triton.runtime.cache.triton_key")
 
 
 def _install_keys_cached() -> list[str]:
