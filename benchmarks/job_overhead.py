@@ -40,6 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from analysis.outputs.runs import SKIPPED, timing_paths  # noqa: E402 - standard library only
 
 GPU_RULES = ("calibrate", "time_run", "profile")
 # timing_compiled: a compiled run's timing job (torch.compile's own start-up and exit, e.g.
@@ -110,7 +111,7 @@ def read_jobs(results: Path) -> list[dict[str, Any]]:
             continue
         wall = _last_json_line(path)["s"]
         records = {p: _read_json(p) or {} for p in record_paths}
-        records = {p: r for p, r in records.items() if r.get("status") != "skipped"}
+        records = {p: r for p, r in records.items() if r.get("status") != SKIPPED}
         for record_path, share in repeat_walls(wall, records).items():
             name = path.stem if len(record_paths) == 1 else f"{run}.{record_path.stem}"
             row = job_row(kind, run, name, share, records[record_path])
@@ -128,8 +129,7 @@ def job_of(path: Path, bench: Path, results: Path) -> tuple[str | None, str, lis
             run, repeat = per_repeat.groups()
             return "timing", run, [results / run / "timing" / f"r{repeat}.json"]
         run = rel.parts[1].removesuffix(".jsonl")
-        return "timing", run, sorted((results / run / "timing").glob("r*.json"),
-                                     key=lambda p: int(p.stem[1:] or 0))
+        return "timing", run, timing_paths(results / run)
     if rel.parts[0] == "profile":
         run = rel.parts[1].removesuffix(".jsonl")
         return "capture", run, [results / run / "times.json"]
@@ -142,9 +142,11 @@ def repeat_walls(wall: float, records: dict[Path, dict[str, Any]]) -> dict[Path,
     """Each process's share of its job's wall time: its own span (the guard's timeline) plus
     an equal share of what the job spent outside every span (Snakemake's job start, the
     guard's own start and exit). One record: the whole wall."""
+    if len(records) <= 1:
+        return dict.fromkeys(records, wall)
     spans = {p: (r.get("guard_unix") or {}) for p, r in records.items()}
-    if len(records) == 1 or not all(s.get("started") and s.get("ended") for s in spans.values()):
-        return dict.fromkeys(records, wall) if len(records) == 1 else {}
+    if not all(s.get("started") and s.get("ended") for s in spans.values()):
+        return {}  # records made before the guard kept its timeline: no split possible
     inside = {p: s["ended"] - s["started"] for p, s in spans.items()}
     outside = (wall - sum(inside.values())) / len(records)
     return {p: round(span + outside, 4) for p, span in inside.items()}
@@ -482,7 +484,8 @@ class Costs:
         )
 
     def compile_for(self, workload: str) -> float:
-        """A compiled run's compilation: its workload's median, else every workload's."""
+        """A compiled run's compilation from the cache: its workload's mean, else every
+        workload's."""
         return self.compile_s_by_workload.get(workload, self.compile_s)
 
     def cold_compile_for(self, workload: str) -> float:

@@ -82,7 +82,11 @@ def read_plan(results: Path) -> dict[str, Any]:
     return plan
 
 
+def timing_paths(run_dir: Path) -> list[Path]:
+    """A run folder's timing records (``timing/r<i>.json``), in repeat order."""
+    return sorted((run_dir / "timing").glob("r*.json"), key=lambda p: int(p.stem[1:] or 0))
+
+
 def read_timing(run_dir: Path) -> Timing:
     """Every timing record of a run folder, in repeat order."""
-    paths = sorted((run_dir / "timing").glob("r*.json"), key=lambda p: int(p.stem[1:] or 0))
-    return Timing([r for r in (read_json(p) for p in paths) if r is not None])
+    return Timing([r for r in (read_json(p) for p in timing_paths(run_dir)) if r is not None])
