@@ -464,6 +464,43 @@ def test_killed_server_is_replaced_and_one_without_owner_exits(tmp_path: Path) -
     assert "owner" in (tmp_path / "forkserver.s0.log").read_text()
 
 
+def process_start_unix(pid: int) -> float:
+    """When a process started (unix time, to the kernel's clock tick)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_runs_servers_start_together_before_its_first_repeat(tmp_path: Path) -> None:
+    """A run's job starts the servers of all its repeats at once and waits for them: the
+    second server was started before the first repeat, not after it."""
+    name = forkserver.new_name(os.getpid())
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO), forkserver.ENV_NAME: name,
+           forkserver.ENV_OWNER: str(os.getpid()), forkserver.ENV_LOGS: str(tmp_path)}
+    out = tmp_path / "r{repeat}.json"
+    cmd = [PY, "-m", "pipeline.guard", "--repeats", "2", "--fork-slot", "{repeat}",
+           "--out", str(out), "--", PY, "-m", "workloads", *TINY_TRAIN, "--warmup", "0",
+           "--steps", "1", "--out", str(out)]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "guard: started fork servers 0, 1 together" in done.stderr
+        first, second = (json.loads((tmp_path / f"r{i}.json").read_text())["process"]
+                         for i in (0, 1))
+        assert first["launcher"] == second["launcher"] == "fork"
+        assert process_start_unix(second["parent_pid"]) < first["timeline_unix"]["started"]
+        # the next job of the invocation finds them running and starts none
+        again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                               timeout=300, check=False)
+        assert again.returncode == 0, again.stderr
+        assert "started fork servers" not in again.stderr
+    finally:
+        forkserver.stop(name, [0, 1])
+    assert all(wait_gone(pid) for pid in server_pids(tmp_path))
+
+
 def test_only_workload_commands_of_this_interpreter_are_forked() -> None:
     assert forkserver.workload_argv([PY, "-m", "workloads", "gpt"]) == ["gpt"]
     for cmd, why in [

@@ -75,6 +75,20 @@ def test_hierarchical_ci_matches_an_independent_bootstrap() -> None:
     assert (s.ci_high_ms - s.ci_low_ms) > 2 * (one.ci_high_ms - one.ci_low_ms)
 
 
+def test_processes_of_unequal_length_match_an_independent_bootstrap() -> None:
+    # A process cut short is resampled from its own few steps only: its resampled median
+    # swings between 10 and 30 ms, which widens the interval (drawing as many steps as the
+    # longest process has would pin it at 20).
+    gen = np.random.default_rng(4)
+    groups = [list(gen.normal(20.0, 0.1, 40)), [10.0, 20.0, 30.0]]
+    s = summarize(groups)
+    low, high = python_hierarchical_bootstrap(groups, 4000, seed=12)
+    width = high - low
+    assert width > 5.0
+    assert s.ci_low_ms == pytest.approx(low, abs=0.15 * width)
+    assert s.ci_high_ms == pytest.approx(high, abs=0.15 * width)
+
+
 def test_unstable_flag_follows_the_threshold() -> None:
     gen = np.random.default_rng(1)
     steady = [list(100 + gen.normal(0, 0.05, 10)) for _ in range(3)]
