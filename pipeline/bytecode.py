@@ -16,7 +16,9 @@ tree for bytecode, outside the install) and without `PYTHONDONTWRITEBYTECODE`: t
 compiles and writes, the later ones read. Bytecode is a cache of the sources, checked against
 each source's modification time and size; nothing a job computes changes. A prefix the user
 set is left alone. The fork servers start in the first job's environment, so they and every
-job agree on it (an import-time variable: pipeline/forkserver.py).
+job agree on it (an import-time variable: pipeline/forkserver.py). The Snakemake process does
+the same for the environment all its jobs inherit (`keep_jobs_bytecode`): the statistics and
+report jobs import pandas and matplotlib from the same install, each a process of its own.
 """
 
 from __future__ import annotations
@@ -71,3 +73,10 @@ def keep_bytecode(environ: MutableMapping[str, str], module: str = PROBE_MODULE,
     environ.pop(DONT_WRITE, None)
     return (f"{module} has no bytecode and {why}: every process would compile its imports; "
             f"caching bytecode in {prefix} ({PREFIX})")
+
+
+def keep_jobs_bytecode(environ: MutableMapping[str, str], in_container: bool) -> str | None:
+    """`keep_bytecode` for the environment every job of an invocation inherits, unless the
+    jobs run in the image: its packages were compiled when it was built, and a prefix would
+    make its interpreters look for their bytecode there instead."""
+    return None if in_container else keep_bytecode(environ)

@@ -15,6 +15,7 @@ from snakemake.settings.types import DeploymentMethod
 REPO = Path(workflow.basedir)
 sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
+from pipeline import bytecode as _bytecode  # noqa: E402
 from pipeline import config as _config  # noqa: E402
 from pipeline import forkserver as _forkserver  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
@@ -287,6 +288,11 @@ onstart:
     except _checks.CheckError as e:
         raise _check_error(e) from None
     name_fork_servers()
+    # Every job's imports from bytecode where the install keeps none (pipeline/bytecode.py;
+    # the guard does the same for each GPU job, this covers the statistics and report jobs).
+    bytecode_note = _bytecode.keep_jobs_bytecode(os.environ, USE_CONTAINER)
+    if bytecode_note:
+        print(f"profbench: {bytecode_note}", file=sys.stderr)
 
 
 onsuccess:

@@ -17,6 +17,11 @@ source gpu-kit/setup.sh >/dev/null 2>&1
 [ -d /tmp/sm/snakemake ] || python3 -m pip install -q --no-index --find-links gpu-kit/wheelhouse \
   --target /tmp/sm 'snakemake[reports]==9.27.1' 2>&1 | grep -v WARN | tail -2
 export PYTHONPATH=/tmp/sm:$PYTHONPATH PATH=/tmp/sm/bin:$PATH PYTHONUNBUFFERED=1
+# The host's install keeps no bytecode and its environment sets PYTHONDONTWRITEBYTECODE: give
+# Snakemake (and its report) the cache the pipeline gives its jobs (pipeline/bytecode.py).
+eval "$(python3 -c 'import os, shlex, sys; sys.path.insert(0, "."); from pipeline.bytecode import keep_bytecode
+e = dict(os.environ); note = keep_bytecode(e)
+if note: print("export PYTHONPYCACHEPREFIX=" + shlex.quote(e["PYTHONPYCACHEPREFIX"]) + "; unset PYTHONDONTWRITEBYTECODE; echo " + shlex.quote("bytecode: " + note))')"
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
 # Captures never leave this machine (too large to bring back), so a later call resumes

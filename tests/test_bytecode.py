@@ -109,3 +109,26 @@ def test_the_guard_gives_its_job_the_cache(tmp_path: Path) -> None:
     assert done.stdout.split() == [str(tmp_path / "pycache"), "None"]
     assert "guard: torch has no bytecode and PYTHONDONTWRITEBYTECODE is set" in done.stderr
     assert json.loads(out.read_text())["status"] == "ok"
+
+
+def test_an_invocations_jobs_get_the_cache_unless_they_run_in_the_image(tmp_path: Path) -> None:
+    """The Snakemake process's environment (every job's): the same cache on the host, none
+    for jobs in the image (its own bytecode would be looked for in the prefix instead)."""
+    source_only_package(tmp_path / "site", "torch")
+    code = ("import json, os, sys; from pipeline import bytecode; env = dict(os.environ); "
+            "note = bytecode.keep_jobs_bytecode(env, sys.argv[1] == 'image'); "
+            "print(json.dumps([note, env.get('PYTHONPYCACHEPREFIX'), "
+            "env.get('PYTHONDONTWRITEBYTECODE')]))")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PROFBENCH_CACHE": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+
+    def decided(where: str) -> list:
+        done = subprocess.run([PY, "-c", code, where], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60, check=True)
+        return json.loads(done.stdout)
+
+    note, prefix, dont_write = decided("host")
+    assert note and "torch has no bytecode" in note
+    assert (prefix, dont_write) == (str(tmp_path / "pycache"), None)
+    assert decided("image") == [None, None, "1"]
