@@ -9,6 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
+from analysis.metrics import timing
 from analysis.metrics.timing import speedup, summarize
 
 
@@ -85,6 +86,20 @@ def test_processes_of_unequal_length_match_an_independent_bootstrap() -> None:
     low, high = python_hierarchical_bootstrap(groups, 4000, seed=12)
     width = high - low
     assert width > 5.0
+    assert s.ci_low_ms == pytest.approx(low, abs=0.15 * width)
+    assert s.ci_high_ms == pytest.approx(high, abs=0.15 * width)
+
+
+def test_replicates_drawn_in_blocks_match_an_independent_bootstrap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Many processes or steps: the replicates are drawn a block at a time (bounded memory).
+    monkeypatch.setattr(timing, "BOOTSTRAP_BLOCK_VALUES", 500)
+    gen = np.random.default_rng(6)
+    groups = [list(gen.normal(mu, 0.5, 20)) for mu in (20.0, 20.6, 19.7, 20.2, 20.9)]
+    assert timing.bootstrap_medians(groups).shape == (timing.BOOTSTRAP_RESAMPLES,)
+    s = summarize(groups)
+    low, high = python_hierarchical_bootstrap(groups, 4000, seed=13)
+    width = high - low
     assert s.ci_low_ms == pytest.approx(low, abs=0.15 * width)
     assert s.ci_high_ms == pytest.approx(high, abs=0.15 * width)
 

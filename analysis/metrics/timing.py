@@ -29,6 +29,7 @@ import numpy as np
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
+BOOTSTRAP_BLOCK_VALUES = 4_000_000  # resampled step times held at once (~32 MB per array)
 DEFAULT_UNSTABLE_THRESHOLD = 0.03
 CI_METHOD = "hierarchical percentile bootstrap (processes, then steps), median of medians"
 
@@ -80,21 +81,27 @@ def bootstrap_medians(
 ) -> np.ndarray:
     """``resamples`` bootstrap replicates of the median of medians (hierarchical).
 
-    All replicates at once (one array op, not 2,000 Python loops): per replicate, processes
-    drawn with replacement, then each drawn process's steps drawn with replacement from it.
-    Processes of unequal length are padded with NaN; a draw index past a process's length
-    never happens (indices scale a uniform draw by the drawn process's own size)."""
+    Replicates are drawn as arrays, a block at a time (not 2,000 Python loops; blocks keep
+    the memory bounded for runs with many processes or steps): per replicate, processes
+    drawn with replacement, then each drawn process's steps drawn with replacement from it."""
     groups = [np.asarray(p, dtype=np.float64) for p in _check(per_process)]
     rng = np.random.default_rng(seed)
-    n_proc = len(groups)
     sizes = np.array([g.size for g in groups])
-    longest = int(sizes.max())
-    padded = np.full((n_proc, longest), np.nan)
+    padded = np.full((len(groups), int(sizes.max())), np.nan)  # processes of unequal length
     for i, g in enumerate(groups):
         padded[i, : g.size] = g
-    drawn = rng.integers(0, n_proc, (resamples, n_proc))  # which process, per slot
-    drawn_sizes = sizes[drawn][..., None]  # (resamples, n_proc, 1)
-    steps = (rng.random((resamples, n_proc, longest)) * drawn_sizes).astype(np.intp)
+    block = max(1, BOOTSTRAP_BLOCK_VALUES // padded.size)
+    return np.concatenate([_replicate_block(padded, sizes, rng, min(block, resamples - done))
+                           for done in range(0, resamples, block)])
+
+
+def _replicate_block(padded: np.ndarray, sizes: np.ndarray, rng: np.random.Generator,
+                     count: int) -> np.ndarray:
+    n_proc, longest = padded.shape
+    drawn = rng.integers(0, n_proc, (count, n_proc))  # which process, per slot
+    drawn_sizes = sizes[drawn][..., None]  # (count, n_proc, 1)
+    # step indices scaled by the drawn process's own size: never past its last step
+    steps = (rng.random((count, n_proc, longest)) * drawn_sizes).astype(np.intp)
     values = padded[drawn[..., None], steps]
     if (sizes == longest).all():
         medians = np.median(values, axis=2)
