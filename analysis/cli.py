@@ -205,6 +205,8 @@ def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> 
     pl.add_argument("--summary", type=Path, required=True, help="summary.csv (aggregate)")
     pl.add_argument("--results", type=Path, required=True, help="results folder")
     pl.add_argument("-o", "--output", type=Path, required=True, help="folder for the PNGs")
+    pl.add_argument("--jobs", type=int, default=1,
+                    help="figures drawn at once, each by a process of its own (default 1)")
     ov = sub.add_parser("overview", help="SUMMARY.md (+ overview.html): the answer first")
     ov.set_defaults(handler=run_overview)
     ov.add_argument("--results", type=Path, required=True, help="results folder")
@@ -280,7 +282,7 @@ def run_distributed(args: argparse.Namespace) -> int:
 def run_plots(args: argparse.Namespace) -> int:
     from analysis.outputs.figures import write_figures  # pandas + matplotlib: ~1 s of imports
 
-    paths = write_figures(args.summary, args.results, args.output)
+    paths = write_figures(args.summary, args.results, args.output, args.jobs)
     print(f"wrote {len(paths)} figures to {args.output}")
     return 0
 

@@ -188,9 +188,11 @@ def job_parts(wall: float, record: dict[str, Any]) -> dict[str, float] | None:
     times); None for a record without them (made before they existed)."""
     guard = record.get("guard_unix") or {}
     marks = (record.get("process") or {}).get("timeline_unix") or {}
-    times = [guard.get("started"), marks.get("started"), marks.get("main"),
-             marks.get("built"), marks.get("measured"), marks.get("written"),
-             guard.get("ended")]
+    begun = [marks.get("started"), marks.get("main")]
+    if "launched" in guard:  # started while the previous repeat exited: its start and
+        begun = [guard.get("started")] * 2  # imports lie in that repeat's share, not its own
+    times = [guard.get("started"), *begun, marks.get("built"), marks.get("measured"),
+             marks.get("written"), guard.get("ended")]
     if any(t is None for t in times):
         return None
     inside = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]

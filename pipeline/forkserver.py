@@ -262,9 +262,11 @@ class Child:
         self.returncode = 1
 
 
-def spawn(slot: int, argv: list[str], stdio: tuple[int, int, int], deadline: float) -> Child:
+def spawn(slot: int, argv: list[str], stdio: tuple[int, int, int], deadline: float,
+          env: dict[str, str] | None = None) -> Child:
     """A child of server `slot` of this invocation (ENV_NAME) running `python -m workloads
-    ARGV` with these stdin/stdout/stderr fds, this process's environment and working folder.
+    ARGV` with these stdin/stdout/stderr fds, `env` (default: this process's environment)
+    and this process's working folder.
     Starts the server if none listens; waits until `deadline` (time.monotonic) for it to be
     ready. Raises Unavailable when it cannot."""
     name = os.environ.get(ENV_NAME)
@@ -278,7 +280,8 @@ def spawn(slot: int, argv: list[str], stdio: tuple[int, int, int], deadline: flo
         except TimeoutError:
             raise Unavailable(f"fork server {slot} was not ready in time") from None
         _check_hello(sock, hello)
-        send(sock, {"op": "spawn", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()},
+        send(sock, {"op": "spawn", "argv": argv, "env": dict(os.environ if env is None else env),
+                    "cwd": os.getcwd()},
              fds=stdio)
         try:
             reply = reader.read(deadline)

@@ -56,12 +56,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from pipeline import bytecode, forkserver, launch
+from workloads import startgate
 from workloads.proctree import descendants
 
 DEFAULT_GRACE_S = 10.0
@@ -87,6 +88,7 @@ NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 5.0
 START_RETRIES = 2
+WATCH_S = 0.02  # how often the guard looks for a repeat's record, to start the next one
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
 TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
 # torchrun's report of a failed job: its own exception, then fields such as "  rank : 0
@@ -119,10 +121,13 @@ class Outcome:
     """How the command ended."""
 
     returncode: int
-    elapsed_s: float
+    elapsed_s: float  # from its start (its timeout's clock)
     timed_out: bool
-    started_unix: float  # when the command was started (the job's timeline starts here)
+    started_unix: float  # when the command was started
     tail: collections.deque[str] = field(default_factory=collections.deque)
+    # a repeat started while the previous one exited: when its gate opened (its share of the
+    # job's timeline starts here, where the previous repeat's ended)
+    gate_unix: float | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -224,57 +229,97 @@ def _drain(proc: Proc, pumps: list[threading.Thread]) -> None:
             pump.join()
 
 
-def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
-                running: list[Proc], fork_slot: int | None = None) -> Outcome:
-    """Run `cmd` in its own process group, streaming its output; kill it on timeout.
-    The running process is put in `running`, so a signal handler can stop its group.
-    With `fork_slot`, the fork server of that slot forks it when it can (the time spent
-    waiting for a server that is still starting counts against the timeout)."""
+@dataclass
+class Started:
+    """A command started and not yet waited for: its process, output pumps and clocks."""
+
+    proc: Proc
+    pumps: list[threading.Thread]
+    tail: collections.deque[str]
+    start: float  # time.monotonic(): the timeout's clock
+    started_unix: float
+    gate: Path | None = None  # the start gate it waits at (a repeat started early)
+    gate_unix: float | None = None  # when the guard opened it
+
+
+def start_command(cmd: list[str], timeout_s: float | None, running: list[Proc],
+                  fork_slot: int | None = None, env: dict[str, str] | None = None,
+                  gate: Path | None = None) -> Started:
+    """Start `cmd` in its own process group (forked by server `fork_slot` when it can), its
+    output streaming through; the process is put in `running`, so a signal handler can stop
+    its group. `env`: its environment instead of ours."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start, started_unix = time.monotonic(), round(time.time(), 3)
-    proc, stdout, stderr = _launch(cmd, fork_slot, timeout_s, start)
+    proc, stdout, stderr = _launch(cmd, fork_slot, timeout_s, start, env)
     running.append(proc)
     pumps = [_pump(stdout, sys.stdout.buffer, tail), _pump(stderr, sys.stderr.buffer, tail)]
+    return Started(proc, pumps, tail, start, started_unix, gate)
+
+
+def wait_command(started: Started, timeout_s: float | None, grace_s: float,
+                 running: list[Proc], watch: Callable[[], bool] | None = None) -> Outcome:
+    """Wait for a started command to end, killing it on timeout. `watch` is called every
+    WATCH_S while it runs, until it returns True."""
+    proc = started.proc
     timed_out = False
-    left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
-    try:
-        proc.wait(timeout=left)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _stop_group(proc, signal.SIGTERM, grace_s)
-    _drain(proc, pumps)
+    deadline = None if timeout_s is None else started.start + timeout_s
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        step = left if watch is None else WATCH_S if left is None else min(WATCH_S, left)
+        try:
+            proc.wait(timeout=step)
+            break
+        except subprocess.TimeoutExpired:
+            if left is not None and left <= step:
+                timed_out = True
+                _stop_group(proc, signal.SIGTERM, grace_s)
+                break
+            if watch is not None and watch():
+                watch = None
+    _drain(proc, started.pumps)
     running.remove(proc)
     lost = getattr(proc, "lost", None)
     if lost:
-        tail.append(f"guard: {lost}")
-    return Outcome(proc.returncode, round(time.monotonic() - start, 3), timed_out,
-                   started_unix, tail)
+        started.tail.append(f"guard: {lost}")
+    return Outcome(proc.returncode, round(time.monotonic() - started.start, 3), timed_out,
+                   started.started_unix, started.tail, started.gate_unix)
+
+
+def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
+                running: list[Proc], fork_slot: int | None = None) -> Outcome:
+    """Run `cmd` in its own process group, streaming its output; kill it on timeout.
+    With `fork_slot`, the fork server of that slot forks it when it can (the time spent
+    waiting for a server that is still starting counts against the timeout)."""
+    return wait_command(start_command(cmd, timeout_s, running, fork_slot), timeout_s, grace_s,
+                        running)
 
 
 def _launch(cmd: list[str], fork_slot: int | None, timeout_s: float | None,
-            start: float) -> tuple[Proc, IO[bytes], IO[bytes]]:
+            start: float, env: dict[str, str] | None = None
+            ) -> tuple[Proc, IO[bytes], IO[bytes]]:
     """The running command and its stdout/stderr: forked by the server when it can, else a
     process of its own."""
     if fork_slot is not None and os.environ.get(forkserver.ENV_NAME):
         try:
-            return _fork(cmd, fork_slot, timeout_s, start)
+            return _fork(cmd, fork_slot, timeout_s, start, env)
         except forkserver.Unavailable as e:
             print(f"guard: not forked ({e}); starting a process", file=sys.stderr, flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     assert proc.stdout is not None and proc.stderr is not None
     return proc, proc.stdout, proc.stderr
 
 
-def _fork(cmd: list[str], slot: int, timeout_s: float | None,
-          start: float) -> tuple[forkserver.Child, IO[bytes], IO[bytes]]:
+def _fork(cmd: list[str], slot: int, timeout_s: float | None, start: float,
+          env: dict[str, str] | None = None) -> tuple[forkserver.Child, IO[bytes], IO[bytes]]:
     argv = forkserver.workload_argv(cmd)
     wait_s = SERVER_WAIT_S if timeout_s is None else min(SERVER_WAIT_S, timeout_s)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     stdin = _stdin_fd()
     try:
-        child = forkserver.spawn(slot, argv, (stdin, out_w, err_w), deadline=start + wait_s)
+        child = forkserver.spawn(slot, argv, (stdin, out_w, err_w), deadline=start + wait_s,
+                                 env=env)
     except BaseException:
         os.close(out_r)
         os.close(err_r)
@@ -397,9 +442,14 @@ def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None)
                                   f"last output:\n{output}")
     else:  # no status of its own: the exit says; keep whatever the record holds
         result = {**(own or {}), **classify_failure(outcome)}
+    ended = round(outcome.started_unix + outcome.elapsed_s, 3)
+    if outcome.gate_unix is None:
+        timeline = {"started": outcome.started_unix, "ended": ended}
+    else:  # started early: its share of the job begins when its gate opened
+        timeline = {"launched": outcome.started_unix, "started": outcome.gate_unix,
+                    "ended": ended}
     result.update(returncode=outcome.returncode, elapsed_s=outcome.elapsed_s,
-                  guard_unix={"started": outcome.started_unix,
-                              "ended": round(outcome.started_unix + outcome.elapsed_s, 3)})
+                  guard_unix=timeline)
     if outcome.signal_name and outcome.returncode < 0:
         result["signal"] = outcome.signal_name
     return result
@@ -572,15 +622,20 @@ def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
             and any(NSYS_START_FAILURE.search(line.strip()) for line in outcome.tail))
 
 
-def guarded_result(args: argparse.Namespace, running: list[Proc]) -> dict[str, Any]:
-    """Run the command (again after a start-up failure of nsys) and judge it."""
+def guarded_result(args: argparse.Namespace, running: list[Proc],
+                   started: Started | None = None,
+                   watch: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Run the command (again after a start-up failure of nsys) and judge it. `started`: the
+    command already started (a repeat started early); `watch`: see wait_command."""
     for attempt in range(START_RETRIES + 1):
         try:
-            outcome = run_command(args.cmd, args.timeout_s, args.grace_s, running,
-                                  args.fork_slot)
+            if started is None:
+                started = start_command(args.cmd, args.timeout_s, running, args.fork_slot)
+            outcome = wait_command(started, args.timeout_s, args.grace_s, running, watch)
         except OSError as e:  # not found, not executable: still a result
             return {"status": "error", "message": f"cannot run {args.cmd[0]}: {e.strerror or e}",
                     "returncode": None, "elapsed_s": 0.0}
+        started = None
         own = _read_own_result(args.out)
         if attempt == START_RETRIES or not failed_to_start(outcome, own):
             break
@@ -606,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fork_slot is None:
         _adopt_orphans()
     one = repeat_args(args, 0)
+    early: EarlyStart | None = None
     try:
         if args.fork_slot is not None and args.repeats is not None:
             start_fork_servers(args)
@@ -617,11 +673,23 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.repeats is not None:
                 print(f"guard: repeat {repeat} of {args.repeats}", file=sys.stderr, flush=True)
-            one.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
-            result = write_result(one, guarded_result(one, running),
+            gated, started = early, early.started if early is not None else None
+            if started is None:
+                one.out.unlink(missing_ok=True)  # a stale result must not pass for this run's
+            early = (EarlyStart(repeat_args(args, repeat + 1), one.out, running)
+                     if args.repeats is not None and repeat + 1 < args.repeats
+                     and startgate.honours_gate(args.cmd) else None)
+            result = write_result(one, guarded_result(one, running, started,
+                                                      early.watch if early else None),
                                   None if args.repeats is None else repeat)
+            if gated is not None:
+                gated.close()
             if args.repeats is not None and result["status"] in FINAL_STATUSES:
                 ended = (repeat, result)
+                if early is not None:
+                    early.cancel(args.grace_s)
+            elif early is not None:
+                early.open()
     except Interrupted as stop:
         for proc in running:
             _stop_group(proc, stop.signum, args.grace_s)
@@ -629,7 +697,59 @@ def main(argv: list[str] | None = None) -> int:
         print(f"guard: interrupted by {stop}; the command's process group was stopped and "
               f"no result was written", file=sys.stderr)
         return 128 + stop.signum
+    finally:
+        if early is not None:
+            early.close()
     return 0
+
+
+class EarlyStart:
+    """The next repeat, started while the current one exits (workloads/startgate.py): once
+    the current repeat has written its record (its measurement is over, and it did not end
+    the run), the next one starts with a closed start gate. It creates its CUDA context and
+    waits; the guard opens the gate after reaping the current repeat, and it measures then."""
+
+    def __init__(self, args: argparse.Namespace, previous_out: Path,
+                 running: list[Proc]) -> None:
+        self.args, self.previous_out, self.running = args, previous_out, running
+        self.gate = args.out.with_name(f".{args.out.name}.gate")
+        self.started: Started | None = None
+
+    def watch(self) -> bool:
+        """Start the repeat if the current one's record is there; True once decided."""
+        own = _read_own_result(self.previous_out)
+        if own is None:
+            return False
+        if own.get("status") in FINAL_STATUSES:
+            return True  # the run ends here: no next repeat
+        self.args.out.unlink(missing_ok=True)
+        self.gate.unlink(missing_ok=True)
+        env = {**os.environ, startgate.ENV_GATE: startgate.gate_value(self.gate, os.getpid())}
+        try:
+            self.started = start_command(self.args.cmd, self.args.timeout_s, self.running,
+                                         self.args.fork_slot, env, self.gate)
+        except OSError:
+            return True  # started at its turn instead, where the error becomes its result
+        print(f"guard: {self.args.out.name} started while the previous repeat exits (it waits "
+              "at its start gate)", file=sys.stderr, flush=True)
+        return True
+
+    def open(self) -> None:
+        """The current repeat is reaped: let the next one go on."""
+        if self.started is not None:
+            startgate.open_gate(self.gate)
+            self.started.gate_unix = round(time.time(), 3)
+
+    def cancel(self, grace_s: float) -> None:
+        """The run ended: stop the repeat waiting at its gate (it has run nothing)."""
+        if self.started is not None:
+            _stop_group(self.started.proc, signal.SIGKILL, grace_s)
+            _drain(self.started.proc, self.started.pumps)
+            self.running.remove(self.started.proc)
+            self.started = None
+
+    def close(self) -> None:
+        self.gate.unlink(missing_ok=True)
 
 
 def start_fork_servers(args: argparse.Namespace) -> None:

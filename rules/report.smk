@@ -45,6 +45,9 @@ rule plots:
         ],
     log:
         f"{LOGS}/plots.log",
+    # the figures are drawn side by side (the last job before the report: nothing waits on
+    # its cores)
+    threads: len(PLOTS)
     params:
         python=PYTHON,
         results=results_folder,
@@ -53,7 +56,7 @@ rule plots:
         RULE_CONTAINER
     shell:
         "{params.python} -m analysis plots --summary {input.summary} --results {params.results}"
-        " -o {params.outdir} > {log} 2>&1"
+        " -o {params.outdir} --jobs {threads} > {log} 2>&1"
 
 
 rule findings:

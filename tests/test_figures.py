@@ -140,6 +140,15 @@ def test_all_figures_from_real_data(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert (ladder["status"] != "ok").any()
 
 
+def test_figures_drawn_side_by_side_are_the_same_files(tmp_path: Path) -> None:
+    """--jobs draws each figure in a forked process: the same PNGs, byte for byte."""
+    results = _full_results(tmp_path)
+    one = write_figures(results / "summary.csv", results, tmp_path / "one")
+    four = write_figures(results / "summary.csv", results, tmp_path / "four", jobs=4)
+    _check_pngs(four, tmp_path / "four")
+    assert [p.read_bytes() for p in four] == [p.read_bytes() for p in one]
+
+
 def test_failed_cells_do_not_break_figures(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     results = _full_results(tmp_path)

@@ -14,6 +14,7 @@ Examples::
 import argparse
 import contextlib
 import json
+import os
 import resource
 import signal
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, parallel, process_state, sleep
+from workloads import calibrate, flops, parallel, process_state, sleep, startgate
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
@@ -156,6 +157,10 @@ def run_from_command_line(argv: list[str] | None) -> int:
         if distributed:
             run = parallel.start(args, device)
             record.result["distributed"] = run.describe()
+        # a repeat started while the previous one exits: its context now, the rest after
+        gate_wait = startgate.pass_gate(device, record.result["process"])
+        if gate_wait is not None:
+            record.result["process"]["gate_wait_s"] = gate_wait
         configure_precision(args.dtype)
         if args.cuda_graph == "step":
             check_capturable(device, args.dtype, args.mode)
@@ -293,9 +298,11 @@ class Record:
 
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
-        if self.args.out is not None:
+        if self.args.out is not None:  # whole or not at all: the guard watches for it
             self.args.out.parent.mkdir(parents=True, exist_ok=True)
-            self.args.out.write_text(json.dumps(self.result, indent=2) + "\n")
+            partial = self.args.out.with_name(f".{self.args.out.name}.{os.getpid()}.tmp")
+            partial.write_text(json.dumps(self.result, indent=2) + "\n")
+            partial.replace(self.args.out)
 
 
 # Scalars of a successful run; null in a failed run's JSON.

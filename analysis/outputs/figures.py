@@ -11,9 +11,11 @@ run's ``stats/`` folder (analysis/metrics: phases, extras, idle, durations).
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -648,22 +650,33 @@ PLOTTERS: dict[str, Callable[[pd.DataFrame, Path, Path], Path]] = {
 }
 
 
-def write_figures(summary_csv: Path, results: Path, outdir: Path) -> list[Path]:
-    """Every figure of FIGURES into ``outdir`` (always all of them); returns their paths."""
+def write_figures(summary_csv: Path, results: Path, outdir: Path, jobs: int = 1) -> list[Path]:
+    """Every figure of FIGURES into ``outdir`` (always all of them); returns their paths.
+    ``jobs`` > 1: drawn by that many forked processes at once (each figure is independent)."""
     outdir.mkdir(parents=True, exist_ok=True)
     summary = read_table(Path(summary_csv))
     results = Path(results)
-    paths = []
-    for name in FIGURES:
-        path = outdir / f"{name}.png"
-        try:
-            PLOTTERS[name](summary, results, path)
-        except Exception as exc:  # noqa: BLE001 - a figure must not stop the report
-            style.plt.close("all")
-            print(f"warning: figure {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            style.empty_figure(path, name, f"could not draw ({type(exc).__name__}: {exc})")
-        paths.append(path)
+    paths = [outdir / f"{name}.png" for name in FIGURES]
+    tasks = [(summary, results, name, path) for name, path in zip(FIGURES, paths, strict=True)]
+    if jobs > 1:
+        context = multiprocessing.get_context("fork")  # the figures' imports are already done
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=context) as pool:
+            list(pool.map(_draw, *zip(*tasks, strict=True)))
+    else:
+        for task in tasks:
+            _draw(*task)
     return paths
+
+
+def _draw(summary: pd.DataFrame, results: Path, name: str, path: Path) -> None:
+    """One figure; one that cannot be drawn becomes a figure saying why (never stops the
+    report)."""
+    try:
+        PLOTTERS[name](summary, results, path)
+    except Exception as exc:  # noqa: BLE001 - a figure must not stop the report
+        style.plt.close("all")
+        print(f"warning: figure {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        style.empty_figure(path, name, f"could not draw ({type(exc).__name__}: {exc})")
 
 
 __all__ = ["FIGURES", "plot_comm_bandwidth", "plot_rank_timeline", "write_figures"]

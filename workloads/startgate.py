@@ -1,0 +1,71 @@
+"""The start gate of a timing repeat: start while the previous repeat exits, measure after.
+
+A run's timing repeats are processes one after another (pipeline/guard.py, ``--repeats``).
+Each pays its CUDA context at the start (~0.35 s on the H100) and its teardown at the end
+(~0.2 s). The guard therefore starts repeat i+1 as soon as repeat i has written its record
+(its measurement is over), with ``PROFBENCH_START_GATE`` naming a gate file. The new process
+creates its CUDA context, and nothing else, while repeat i exits; then it waits here until
+the guard has reaped repeat i and opened the gate (created the file). Only then does it build
+its model: its first allocation, warm-up and measurement run on a GPU that holds no other
+repeat's process, as before. Standard library only at import: the guard imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from workloads.proctree import alive
+
+ENV_GATE = "PROFBENCH_START_GATE"  # "<gate file>:<guard pid>"
+POLL_S = 0.002  # between looks at the gate: the wait ends within this of the guard opening it
+GUARD_CHECK_EVERY = 50  # looks: is the guard still there (0.1 s)
+
+
+class GateAbandoned(RuntimeError):
+    """The guard that would open the gate is gone: nothing will ever open it."""
+
+
+def honours_gate(cmd: list[str]) -> bool:
+    """Whether `cmd` waits at a start gate: a workload process (``<python> -m workloads``)."""
+    return cmd[1:3] == ["-m", "workloads"]
+
+
+def gate_value(path: Path, guard_pid: int) -> str:
+    """The variable's value for a process the guard at `guard_pid` lets through `path`."""
+    return f"{path}:{guard_pid}"
+
+
+def open_gate(path: Path) -> None:
+    """Let the waiting process go on (the previous repeat has been reaped)."""
+    path.touch()
+
+
+def pass_gate(device: Any, process: dict[str, Any]) -> float | None:
+    """Wait at the gate this process was started with, if any, having created the device's
+    CUDA context first; seconds waited, or None without a gate. The variable is removed,
+    so nothing this process starts (compile workers) inherits it. `process` (the record's
+    ``process`` section) gets the timeline marks ``context`` and ``gate``."""
+    value = os.environ.pop(ENV_GATE, None)
+    if not value:
+        return None
+    from workloads import process_state  # torch: only in a workload process
+
+    path, _, guard = value.rpartition(":")
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.mem_get_info(device)  # creates the context; allocates nothing
+    process_state.mark(process, "context")
+    start = time.monotonic()
+    gate = Path(path)
+    looks = 0
+    while not gate.exists():
+        looks += 1
+        if looks % GUARD_CHECK_EVERY == 0 and not alive(int(guard)):
+            raise GateAbandoned(f"the guard (pid {guard}) that would open {path} is gone")
+        time.sleep(POLL_S)
+    process_state.mark(process, "gate")
+    return round(time.monotonic() - start, 4)
