@@ -57,7 +57,7 @@ def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, 
     results = workdir / launcher
     if results.exists():
         shutil.rmtree(results)
-    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--resources", "gpu=1",
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--resources", "gpu=2",
            "--keep-going", "--configfile", *map(str, configfiles),
            "--config", f"results={results}", f"launcher={launcher}", *extra_config,
            *snakemake_args]
@@ -152,9 +152,28 @@ def repeat_walls(wall: float, records: dict[Path, dict[str, Any]]) -> dict[Path,
     return {p: round(span + outside, 4) for p, span in inside.items()}
 
 
+# A capture that waited longer than this at the device lock started beside another one.
+WAITED_AT_LOCK_S = 0.05
+
+
+def lock_share_start(record: dict[str, Any]) -> float | None:
+    """When a capture that started beside another one took the device lock (Unix time): its
+    share of the GPU's time begins there, since its start-up ran during the other's; None for
+    every other record."""
+    process = record.get("process") or {}
+    mark = (process.get("timeline_unix") or {}).get("device")
+    if mark is None or (process.get("device_wait_s") or 0.0) <= WAITED_AT_LOCK_S:
+        return None
+    return mark
+
+
 def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
             ) -> dict[str, Any]:
     status = record.get("status", "ok" if record else "missing")
+    share = lock_share_start(record)
+    ended = (record.get("guard_unix") or {}).get("ended")
+    if share is not None and ended is not None:
+        wall = round(ended - share, 4)
     if kind == "timing" and (record.get("params") or {}).get("compile", "off") != "off":
         kind = "timing_compiled"
     work = work_seconds(record) if kind != "calibrate" else 0.0
@@ -188,11 +207,13 @@ def job_parts(wall: float, record: dict[str, Any]) -> dict[str, float] | None:
     times); None for a record without them (made before they existed)."""
     guard = record.get("guard_unix") or {}
     marks = (record.get("process") or {}).get("timeline_unix") or {}
-    begun = [marks.get("started"), marks.get("main")]
+    start, begun = guard.get("started"), [marks.get("started"), marks.get("main")]
     if "launched" in guard:  # started while the previous repeat exited: its start and
-        begun = [guard.get("started")] * 2  # imports lie in that repeat's share, not its own
-    times = [guard.get("started"), *begun, marks.get("built"), marks.get("measured"),
-             marks.get("written"), guard.get("ended")]
+        begun = [start] * 2  # imports lie in that repeat's share, not its own
+    if (share := lock_share_start(record)) is not None:  # a capture beside another: the
+        start, begun = share, [share] * 2  # same, up to the device lock (job_row's wall)
+    times = [start, *begun, marks.get("built"), marks.get("measured"), marks.get("written"),
+             guard.get("ended")]
     if any(t is None for t in times):
         return None
     inside = [round(b - a, 3) for a, b in zip(times, times[1:], strict=False)]

@@ -6,6 +6,7 @@
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -153,10 +154,39 @@ PYTHON = "python3" if USE_CONTAINER else sys.executable
 
 
 # --- resources (pipeline/resources.py) -------------------------------------------------------
-# GPU jobs (calibrate, time_run, profile) declare `gpu=1`; analysis jobs declare none. The
-# default workflow profile sets `resources: gpu=1`, so `--cores N` overlaps analysis with the
-# GPU jobs but never runs two of them on one GPU; the Slurm executor turns `gpu=1` into
-# `sbatch --gpus=1` (docs/cluster.md).
+# A machine's GPU is GPU_TOKENS tokens of the `gpu` resource (the default workflow profile
+# sets `resources: gpu=2`). A capture takes one: two captures may run at once, the second
+# starting (Snakemake, nsys, its imports) while the first measures and then waiting at the
+# device lock (PROFBENCH_DEVICE_LOCK, workloads/startgate.py) before its first CUDA call
+# until the first one's process has exited. Every other GPU job (calibrate, time_run, a
+# distributed run) takes them all, so it never shares the GPU; analysis jobs take none and
+# overlap with the captures under `--cores N`. The Slurm executor turns `gpu` into `sbatch
+# --gpus`: there each GPU job asks for one (docs/cluster.md), and no lock is used.
+GPU_TOKENS = 2
+
+
+def runs_on_this_machine() -> bool:
+    """Whether the jobs run where Snakemake runs (not submitted to a remote executor)."""
+    if workflow.remote_exec:  # the job step on a cluster node
+        return False
+    try:
+        workflow.cores
+    except WorkflowError:  # no --cores: submitting to a remote executor
+        return False
+    return True
+
+
+def whole_gpu() -> int:
+    """The `gpu` tokens of a job that must have the GPU to itself."""
+    return GPU_TOKENS if runs_on_this_machine() else 1
+
+
+def device_lock_env() -> str:
+    """The capture's device lock (one per machine), or nothing where each job has its own
+    allocation (a remote executor)."""
+    if not runs_on_this_machine():
+        return ""
+    return f"PROFBENCH_DEVICE_LOCK={RESULTS}/logs/locks/gpu-{socket.gethostname()}.lock"
 
 
 def timing_threads() -> int:
@@ -167,12 +197,7 @@ def timing_threads() -> int:
     4-32 ms. Remote executors (Slurm) give each job its own allocation: one thread there,
     both where the job is submitted and in its job step (which has `--cores all` of a node
     whose CPUs the allocation does not hold)."""
-    if workflow.remote_exec:  # the job step on a cluster node
-        return 1
-    try:
-        return workflow.cores
-    except WorkflowError:  # no --cores: submitting to a remote executor
-        return 1
+    return workflow.cores if runs_on_this_machine() else 1
 
 
 # The workload's environment, part of the guard's command line (rules/profile.smk: GUARD), so

@@ -60,7 +60,7 @@ rule calibrate:
         guard=GUARD,
         python=PYTHON,
     resources:
-        gpu=1,
+        gpu=whole_gpu(),
         mem_mb=gpu_job_mem_mb,
         runtime=gpu_job_runtime,
     container:
@@ -92,7 +92,7 @@ rule time_run:
     # all of --cores: nothing else runs beside a timing job (timing_threads says why)
     threads: timing_threads()
     resources:
-        gpu=1,
+        gpu=whole_gpu(),
         mem_mb=gpu_job_mem_mb,
         runtime=timing_job_runtime,
     container:
@@ -140,8 +140,9 @@ rule profile:
         stats="true" if config["nsys"]["console_stats"] else "false",
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
         torch_trace=torch_trace_env,
+        device_lock=device_lock_env(),
     resources:
-        gpu=1,
+        gpu=1,  # one of the GPU's tokens: a second capture may start beside it
         mem_mb=gpu_job_mem_mb,
         runtime=gpu_job_runtime,
     container:
@@ -158,7 +159,8 @@ rule profile:
         "mkdir -p {output.trace};"
         " {params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
-        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.torch_trace} {params.nsys} profile"
+        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.device_lock} {params.torch_trace}"
+        " {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
         " {params.capture}"
         " --stats={params.stats} --export=sqlite --force-overwrite=true {params.extra}"

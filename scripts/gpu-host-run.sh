@@ -61,10 +61,11 @@ save_results() {
   done
 }
 ( while sleep 60; do save_results; done ) & saver=$!
-# GPU jobs declare gpu=1: at most one at a time; statistics jobs overlap with them. A failed
+# The GPU is 2 tokens (profiles/default): a timing job takes both, a capture one (two
+# captures overlap their start-ups; their GPU work takes turns); statistics jobs overlap. A failed
 # run is already a result row; --keep-going lets an unexpected job failure cost only its own
 # outputs. SIGINT at the limit: Snakemake stops its jobs and marks nothing complete.
-timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=1 --keep-going \
+timeout -s INT -k 20 "$limit" python3 -m snakemake --cores 4 --resources gpu=2 --keep-going \
   "${configs[@]}" "${extra[@]}" >> $OUT/snakemake.log 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"

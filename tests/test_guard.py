@@ -337,6 +337,37 @@ def test_a_repeat_that_ends_the_run_starts_no_next_one(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*")), "a gate was left"
 
 
+def test_captures_started_together_take_turns_at_the_device_lock(tmp_path: Path) -> None:
+    """Two workload processes started at once with one device lock (two captures side by
+    side): the second takes the lock, and builds, only once the first process has exited."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import atexit, time\natexit.register(time.sleep, {LINGER_S})\n")
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
+           "PROFBENCH_DEVICE_LOCK": str(tmp_path / "locks" / "gpu.lock")}
+    outs = [tmp_path / f"c{i}.json" for i in range(2)]
+    procs = [subprocess.Popen(
+        [PY, "-m", "pipeline.guard", "--out", str(out), "--", PY, "-m", "workloads", "sleep",
+         "--step_ms", "1", "--warmup", "1", "--steps", "2", "--device", "cpu", "--out",
+         str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for out in outs]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, proc.stderr.read() if proc.stderr else ""
+    first, second = sorted((result(out) for out in outs),
+                           key=lambda r: r["process"]["timeline_unix"]["device"])
+    assert [first["status"], second["status"]] == ["ok", "ok"]
+    # both started before either took the lock: they did start side by side
+    assert max(r["guard_unix"]["started"] for r in (first, second)) \
+        < first["process"]["timeline_unix"]["written"]
+    marks = second["process"]["timeline_unix"]
+    # the first held it until its process ended (it lingered LINGER_S after its record)
+    assert marks["device"] >= first["process"]["timeline_unix"]["written"] + LINGER_S * 0.8
+    assert marks["device"] >= first["guard_unix"]["ended"] - 0.05
+    assert marks["built"] >= marks["vacated"] >= marks["device"]
+    assert second["process"]["device_wait_s"] >= LINGER_S * 0.8
+
+
 @pytest.mark.parametrize(("opts", "says"), [
     (("--repeats", "2"), "--repeats needs {repeat} in --out"),
     (("--repeats", "0"), "--repeats must be at least 1"),

@@ -82,7 +82,7 @@ def slurm_run(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: Path,
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
-    """The same selection on this machine: `--cores 4`, profiles/default's `gpu: 1`."""
+    """The same selection on this machine: `--cores 4`, profiles/default's `gpu: 2`."""
     workdir = tmp_path_factory.mktemp("local")
     snakemake(workdir, *smoke_args("--cores", "4"))
     return workdir
@@ -232,16 +232,32 @@ def test_outputs_equal_a_local_run(slurm_run: tuple[Path, str], local_run: Path)
         assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
-# --- acceptance 3: one machine, one GPU job at a time, analysis alongside ------------------
+# --- acceptance 3: one machine, the GPU's work one job at a time, analysis alongside -------
 
 
-def test_one_gpu_job_at_a_time_while_analysis_overlaps(local_run: Path) -> None:
+def capture_device_phases(workdir: Path) -> list[tuple[float, float]]:
+    """(took the device lock, wrote its record) of each capture's workload process, in order."""
+    phases = []
+    for run in SELECT:
+        marks = json.loads((workdir / RESULTS / run / "times.json").read_text()
+                           )["process"]["timeline_unix"]
+        phases.append((marks["device"], marks["written"]))
+    return sorted(phases)
+
+
+def test_gpu_work_takes_turns_while_analysis_overlaps(local_run: Path) -> None:
     intervals = job_intervals(local_run)
     gpu = sorted(i for i in intervals if i[2] in GPU_RULES)
     analysis = [i for i in intervals if i[2] == "run_stats"]
     assert len(gpu) == 1 + 2 * len(SELECT) and len(analysis) == len(SELECT)
-    for before, after in zip(gpu, gpu[1:], strict=False):
-        assert not overlaps(before, after), (before, after)
+    # calibration and timing take the whole GPU (both of its tokens): nothing GPU beside them
+    whole = [i for i in gpu if i[2] != "profile"]
+    assert not any(overlaps(w, g) for w in whole for g in gpu if g is not w), gpu
+    # captures may run two at once, but their device phases (from the device lock to the
+    # record, after the measured steps) follow one another
+    phases = capture_device_phases(local_run)
+    for before, after in zip(phases, phases[1:], strict=False):
+        assert after[0] >= before[1], phases
     # an untraced timing job takes every core (rules: timing_threads): nothing runs beside it
     timing = [i for i in gpu if i[2] == "time_run"]
     assert not any(overlaps(a, t) for a in analysis for t in timing), intervals
@@ -250,15 +266,20 @@ def test_one_gpu_job_at_a_time_while_analysis_overlaps(local_run: Path) -> None:
     assert any(overlaps(a, c) for a in analysis for c in captures), intervals
 
 
-def test_without_the_one_gpu_cap_gpu_jobs_do_overlap(
-    tmp_path: Path, nsys: str,
-) -> None:
-    """The control for the test above: the same check sees overlap when three GPU slots are
-    allowed, so it is profiles/default's `gpu: 1` that keeps GPU jobs apart. (Captures: a
-    timing job takes every core and would run alone anyway.)"""
+def test_captures_overlap_as_the_tokens_allow(tmp_path: Path, nsys: str) -> None:
+    """The control for the test above: with three tokens the captures start together, yet
+    the device lock still runs their device phases one after another; with one token
+    (`--resources gpu=1`) no two GPU jobs overlap at all."""
     targets = [f"{RESULTS}/{run}/profile.sqlite" for run in SELECT]
-    snakemake(tmp_path, *targets, "--cores", "4", "--resources", "gpu=3",
-              "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(SELECT)}]")
-    gpu = sorted(i for i in job_intervals(tmp_path) if i[2] in GPU_RULES)
-    assert len(gpu) == len(SELECT)
-    assert any(overlaps(a, b) for a in gpu for b in gpu if a is not b), gpu
+    for tokens in (3, 1):
+        workdir = tmp_path / f"gpu{tokens}"
+        workdir.mkdir()
+        snakemake(workdir, *targets, "--cores", "4", "--resources", f"gpu={tokens}",
+                  "--configfile", str(SMOKE_CONFIG), "--config",
+                  f"select=[{','.join(SELECT)}]")
+        gpu = sorted(i for i in job_intervals(workdir) if i[2] in GPU_RULES)
+        assert len(gpu) == len(SELECT)
+        overlapping = any(overlaps(a, b) for a in gpu for b in gpu if a is not b)
+        assert overlapping == (tokens > 1), (tokens, gpu)
+        phases = capture_device_phases(workdir)
+        assert all(b[0] >= a[1] for a, b in zip(phases, phases[1:], strict=False)), phases

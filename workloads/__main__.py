@@ -161,6 +161,10 @@ def run_from_command_line(argv: list[str] | None) -> int:
         gate_wait = startgate.pass_gate(device, record.result["process"])
         if gate_wait is not None:
             record.result["process"]["gate_wait_s"] = gate_wait
+        # a capture started beside the one on the GPU: the GPU once that one has exited
+        lock_wait = startgate.hold_device(device, record.result["process"])
+        if lock_wait is not None:
+            record.result["process"]["device_wait_s"] = lock_wait
         configure_precision(args.dtype)
         if args.cuda_graph == "step":
             check_capturable(device, args.dtype, args.mode)

@@ -69,3 +69,54 @@ def pass_gate(device: Any, process: dict[str, Any]) -> float | None:
         time.sleep(POLL_S)
     process_state.mark(process, "gate")
     return round(time.monotonic() - start, 4)
+
+
+# --- the device lock: captures side by side -------------------------------------------------
+# Two captures may run at once (rules: a capture takes one of the GPU's two tokens): the
+# second starts (Snakemake's job start, nsys, the interpreter and its imports) while the first
+# measures, then waits here, before its first CUDA call, until the first process has exited.
+ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # a lock file, one per machine and GPU
+# The GPU counts as vacated when at most this much of its memory is held by anything but the
+# new process (a context being torn down, a desktop): the lock's holder is gone by then.
+VACATED_SLACK_BYTES = 2 << 30
+VACATED_WAIT_S = 60.0  # then it goes on and its record says so
+_held: list[int] = []  # the lock's file descriptor: held until this process exits
+
+
+def hold_device(device: Any, process: dict[str, Any]) -> float | None:
+    """Take the device lock this process was started with, if any (blocking), then wait until
+    the previous holder's memory is back; seconds waited in all, or None without a lock.
+    Held until this process exits (the kernel releases it). `process` gets the marks
+    ``device`` (lock taken) and ``vacated``, and ``vacated_wait_timed_out`` if it gave up."""
+    path = os.environ.pop(ENV_DEVICE_LOCK, None)
+    if not path:
+        return None
+    import fcntl
+
+    from workloads import process_state
+
+    start = time.monotonic()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held.append(fd)
+    process_state.mark(process, "device")
+    if device.type == "cuda" and not _wait_until_vacated(device):
+        process["vacated_wait_timed_out"] = True
+    process_state.mark(process, "vacated")
+    return round(time.monotonic() - start, 4)
+
+
+def _wait_until_vacated(device: Any) -> bool:
+    """Whether the GPU's memory, but for VACATED_SLACK_BYTES, came free within VACATED_WAIT_S
+    (the previous capture's process frees its memory as it exits)."""
+    import torch
+
+    deadline = time.monotonic() + VACATED_WAIT_S
+    while True:
+        free, total = torch.cuda.mem_get_info(device)  # creates this process's context
+        if total - free <= VACATED_SLACK_BYTES:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
