@@ -1,6 +1,7 @@
 """What a GPU job reserves on a cluster: host memory and wall time from the run's size and mode.
 
-GPU jobs (calibrate, time_run, profile) declare `gpu=1`; analysis jobs declare none. `mem_mb`
+GPU jobs (calibrate, time_run, profile) declare `gpu` (one GPU on a cluster; on one machine the
+GPU's tokens, rules/common.smk); analysis jobs declare none. `mem_mb`
 (host RAM) and `runtime` (minutes) tell a cluster what to reserve: generous estimates from the
 run's size and mode, doubled on a retry and never above the guard's own limit (timeout_min,
 plus start-up and the nsys export), so the guard, not Slurm, ends a run that hangs. A site
