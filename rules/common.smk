@@ -186,7 +186,8 @@ def device_lock_env() -> str:
     allocation (a remote executor)."""
     if not runs_on_this_machine():
         return ""
-    return f"PROFBENCH_DEVICE_LOCK={RESULTS}/logs/locks/gpu-{socket.gethostname()}.lock"
+    # in the cache, not the results: one GPU per machine, whatever the invocation
+    return f"PROFBENCH_DEVICE_LOCK={PROFBENCH_CACHE}/locks/gpu-{socket.gethostname()}.lock"
 
 
 def timing_threads() -> int:
