@@ -186,8 +186,9 @@ def device_lock_env() -> str:
     allocation (a remote executor)."""
     if not runs_on_this_machine():
         return ""
-    # in the cache, not the results: one GPU per machine, whatever the invocation
-    return f"PROFBENCH_DEVICE_LOCK={PROFBENCH_CACHE}/locks/gpu-{socket.gethostname()}.lock"
+    # in Snakemake's own folder of the working directory, which every job (also one in the
+    # image) sees and writes: not in the results, which hold results only
+    return f"PROFBENCH_DEVICE_LOCK=.snakemake/profbench/gpu-{socket.gethostname()}.lock"
 
 
 def timing_threads() -> int:
