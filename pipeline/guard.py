@@ -238,22 +238,21 @@ class Started:
     tail: collections.deque[str]
     start: float  # time.monotonic(): the timeout's clock
     started_unix: float
-    gate: Path | None = None  # the start gate it waits at (a repeat started early)
-    gate_unix: float | None = None  # when the guard opened it
+    gate_unix: float | None = None  # a repeat started early: when the guard opened its gate
 
 
 def start_command(cmd: list[str], timeout_s: float | None, running: list[Proc],
-                  fork_slot: int | None = None, env: dict[str, str] | None = None,
-                  gate: Path | None = None) -> Started:
-    """Start `cmd` in its own process group (forked by server `fork_slot` when it can), its
-    output streaming through; the process is put in `running`, so a signal handler can stop
-    its group. `env`: its environment instead of ours."""
+                  fork_slot: int | None = None, env: dict[str, str] | None = None) -> Started:
+    """Start `cmd` in its own process group, its output streaming through; the process is
+    put in `running`, so a signal handler can stop its group. With `fork_slot`, the fork
+    server of that slot forks it when it can (the time spent waiting for a server that is
+    still starting counts against the timeout). `env`: its environment instead of ours."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start, started_unix = time.monotonic(), round(time.time(), 3)
     proc, stdout, stderr = _launch(cmd, fork_slot, timeout_s, start, env)
     running.append(proc)
     pumps = [_pump(stdout, sys.stdout.buffer, tail), _pump(stderr, sys.stderr.buffer, tail)]
-    return Started(proc, pumps, tail, start, started_unix, gate)
+    return Started(proc, pumps, tail, start, started_unix)
 
 
 def wait_command(started: Started, timeout_s: float | None, grace_s: float,
@@ -283,15 +282,6 @@ def wait_command(started: Started, timeout_s: float | None, grace_s: float,
         started.tail.append(f"guard: {lost}")
     return Outcome(proc.returncode, round(time.monotonic() - started.start, 3), timed_out,
                    started.started_unix, started.tail, started.gate_unix)
-
-
-def run_command(cmd: list[str], timeout_s: float | None, grace_s: float,
-                running: list[Proc], fork_slot: int | None = None) -> Outcome:
-    """Run `cmd` in its own process group, streaming its output; kill it on timeout.
-    With `fork_slot`, the fork server of that slot forks it when it can (the time spent
-    waiting for a server that is still starting counts against the timeout)."""
-    return wait_command(start_command(cmd, timeout_s, running, fork_slot), timeout_s, grace_s,
-                        running)
 
 
 def _launch(cmd: list[str], fork_slot: int | None, timeout_s: float | None,
@@ -727,7 +717,7 @@ class EarlyStart:
         env = {**os.environ, startgate.ENV_GATE: startgate.gate_value(self.gate, os.getpid())}
         try:
             self.started = start_command(self.args.cmd, self.args.timeout_s, self.running,
-                                         self.args.fork_slot, env, self.gate)
+                                         self.args.fork_slot, env)
         except OSError:
             return True  # started at its turn instead, where the error becomes its result
         print(f"guard: {self.args.out.name} started while the previous repeat exits (it waits "

@@ -182,8 +182,8 @@ def whole_gpu() -> int:
 
 
 def device_lock_env() -> str:
-    """The capture's device lock (one per machine), or nothing where each job has its own
-    allocation (a remote executor)."""
+    """The capture's device lock (one per host and working directory), or nothing where each
+    job has its own allocation (a remote executor)."""
     if not runs_on_this_machine():
         return ""
     # in Snakemake's own folder of the working directory, which every job (also one in the

@@ -80,7 +80,6 @@ ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # a lock file, one per machine and GP
 # new process (a context being torn down, a desktop): the lock's holder is gone by then.
 VACATED_SLACK_BYTES = 2 << 30
 VACATED_WAIT_S = 60.0  # then it goes on and its record says so
-_held: list[int] = []  # the lock's file descriptor: held until this process exits
 
 
 def hold_device(device: Any, process: dict[str, Any]) -> float | None:
@@ -98,8 +97,7 @@ def hold_device(device: Any, process: dict[str, Any]) -> float | None:
     start = time.monotonic()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    _held.append(fd)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # fd stays open: the lock is held until this process exits
     process_state.mark(process, "device")
     if device.type == "cuda" and not _wait_until_vacated(device):
         process["vacated_wait_timed_out"] = True
