@@ -14,7 +14,6 @@ Examples::
 import argparse
 import contextlib
 import json
-import os
 import resource
 import signal
 import sys
@@ -33,6 +32,7 @@ from workloads.device import DTYPES, configure_precision, device_name, resolve_d
 from workloads.gpt import COMPILE_BLOCKS, SIZES
 from workloads.gpustate import GpuStateRecorder
 from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
+from workloads.jsonfile import write_whole
 from workloads.nvtx_ranges import rng
 from workloads.op_ranges import OP_RANGES
 from workloads.optim import OPTIMIZERS
@@ -303,10 +303,7 @@ class Record:
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
         if self.args.out is not None:  # whole or not at all: the guard watches for it
-            self.args.out.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.args.out.with_name(f".{self.args.out.name}.{os.getpid()}.tmp")
-            partial.write_text(json.dumps(self.result, indent=2) + "\n")
-            partial.replace(self.args.out)
+            write_whole(self.args.out, self.result)
 
 
 # Scalars of a successful run; null in a failed run's JSON.

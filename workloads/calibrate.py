@@ -6,7 +6,6 @@ what this GPU, driver and torch actually reach. Results are cached per device un
 """
 
 import json
-import os
 import re
 import statistics
 import time
@@ -19,6 +18,7 @@ import torch
 from workloads import flops
 from workloads.cachedir import cache_dir as profbench_cache
 from workloads.device import DTYPES, device_name, synchronize
+from workloads.jsonfile import write_whole
 from workloads.provenance import provenance
 
 # Matmul edge and copy size: large enough to fill an H100; small on CPU so tests stay fast.
@@ -60,12 +60,9 @@ def calibrate(device: torch.device, dtypes: list[str], refresh: bool = False) ->
         "cached": False,
         "provenance": provenance(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside, then renamed: a pipeline running beside this one (the test suite runs
-    # several at once) reads the old file or the new one, never half of one.
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(partial, path)
+    # whole: a pipeline running beside this one (the test suite runs several at once) reads
+    # the old file or the new one, never half of one
+    write_whole(path, result)
     return result
 
 

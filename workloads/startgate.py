@@ -75,7 +75,7 @@ def pass_gate(device: Any, process: dict[str, Any]) -> float | None:
 # Two captures may run at once (rules: a capture takes one of the GPU's two tokens): the
 # second starts (Snakemake's job start, nsys, the interpreter and its imports) while the first
 # measures, then waits here, before its first CUDA call, until the first process has exited.
-ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # a lock file, one per machine and GPU
+ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # a lock file, one per host and working folder
 # The GPU counts as vacated when at most this much of its memory is held by anything but the
 # new process (a context being torn down, a desktop): the lock's holder is gone by then.
 VACATED_SLACK_BYTES = 2 << 30

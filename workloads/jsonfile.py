@@ -1,0 +1,21 @@
+"""Writing a JSON record whole: aside, then renamed into place.
+
+A reader (the guard watching for a repeat's record, a pipeline beside this one reading the
+calibration cache) then sees the old file, no file or the complete new one, never half of
+one. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_whole(path: Path, data: Any) -> None:
+    """`data` as indented JSON at `path`, written to a hidden file beside it and renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(partial, path)
