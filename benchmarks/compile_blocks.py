@@ -1,7 +1,9 @@
-"""Compiling the GPT block once (a nested compile region reused by every layer) against
-compiling every layer into one flat graph: cold and warm compile time, and the step time.
+"""How the GPT compiles its layers (``--compile_blocks``): every layer traced into one flat
+graph (``each``), the block a nested compile region reused by every layer (``once``), or each
+layer's block compiled on its own with the layer loop eager (``regional``): cold and warm
+compile time, and the step time.
 
-For each case and each ``--compile_blocks`` setting, side by side in one run:
+For each case and each of ``--settings``, side by side in one run:
 
 * a **cold** process: ``python -m workloads gpt ...`` with an empty Inductor and Triton cache
   of its own (``TORCHINDUCTOR_CACHE_DIR``), as on a fresh machine: its ``compile_s`` is the
@@ -9,20 +11,21 @@ For each case and each ``--compile_blocks`` setting, side by side in one run:
 * ``--repeats - 1`` **warm** processes on the cache the cold one left, as the pipeline's
   later timing repeats and its capture run.
 
-The two settings alternate process by process (each cold, once cold, each warm, once warm,
-...), so drift in clocks or temperature hits both. Step times are each process's own median
+The settings alternate process by process (each cold, once cold, each warm, once warm,
+...), so drift in clocks or temperature hits all of them. Step times are each process's own median
 (CUDA events on a GPU); the table shows the median over a setting's processes.
 
     python benchmarks/compile_blocks.py                      # the ladder's compiled rungs
     python benchmarks/compile_blocks.py --cases small_compile --repeats 3
+    python benchmarks/compile_blocks.py --settings once,regional --cases 2.7B_fwd_bwd_best
     python benchmarks/compile_blocks.py --device cpu --cases tiny --repeats 2 --grads tiny
 
 ``--grads SIZES`` first checks, in a child process of its own (so that it holds no GPU memory
 while the timed processes run), that each setting's compiled gradients equal eager ones, and
 shows what the nested region's gradients are without its Inductor options.
 
-Prints one row per case: cold compile seconds each / once and their ratio, warm compile
-seconds, and the median step ms each / once and their ratio; ``--out`` keeps every record.
+Prints one row per case and setting: cold and warm compile seconds and the median step ms,
+with their ratios to the first setting's; ``--out`` keeps every record.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.bytecode import keep_bytecode  # noqa: E402
 
-SETTINGS = ("each", "once")
+SETTINGS = ("each", "once", "regional")
 _LADDER = "--mode train --dtype bf16 --attention sdpa --sdpa_backend cudnn --context 512 --batch 4"
 # name -> the rung's workload flags (config.yaml's ladders)
 CASES = {
@@ -53,6 +56,11 @@ CASES = {
     "2.7B_master_weights": f"--size 2.7B {_LADDER} --optimizer adamw_master --compile default",
     "2.7B_step_graph": f"--size 2.7B {_LADDER} --optimizer adamw_master --compile default "
                        "--cuda_graph step",
+    # config/full.yaml's CS336 sweep at the best rung's settings (one CUDA graph per step)
+    **{f"{size}_{tag}_best": f"--size {size} --mode {mode} --dtype bf16 --attention sdpa "
+       "--sdpa_backend cudnn --context 512 --batch 4 --compile default --cuda_graph step"
+       for size in ("small", "xl", "2.7B")
+       for tag, mode in (("fwd", "forward"), ("fwd_bwd", "forward_backward"))},
     # CPU smoke case (tests, a machine without a GPU)
     "tiny": "--size tiny --mode train --context 64 --vocab 512 --compile default",
 }
@@ -84,11 +92,11 @@ def run_process(case: str, setting: str, cache: Path, args: argparse.Namespace,
 
 
 def run_case(case: str, args: argparse.Namespace, work: Path) -> list[dict]:
-    """Cold then warm processes of both settings, alternating."""
-    caches = {s: work / f"inductor-{case}-{s}" for s in SETTINGS}
+    """Cold then warm processes of every setting, alternating."""
+    caches = {s: work / f"inductor-{case}-{s}" for s in args.settings}
     rows = []
     for repeat in range(args.repeats):
-        for setting in SETTINGS:
+        for setting in args.settings:
             row = run_process(case, setting, caches[setting], args,
                               work / f"{case}-{setting}-r{repeat}.json")
             row["cold"] = repeat == 0
@@ -99,8 +107,9 @@ def run_case(case: str, args: argparse.Namespace, work: Path) -> list[dict]:
     return rows
 
 
-def summarize(case: str, rows: list[dict]) -> dict:
-    """Cold and warm compile seconds and median step ms per setting, with once/each ratios."""
+def summarize(case: str, rows: list[dict], settings: tuple[str, ...]) -> list[dict]:
+    """Per setting: cold and warm compile seconds and median step ms, with ratios to the first
+    setting's."""
     def values(setting: str, key: str, cold: bool | None = None) -> list[float]:
         return [r[key] for r in rows if r["setting"] == setting and r[key] is not None
                 and r["status"] == "ok" and (cold is None or r["cold"] is cold)]
@@ -108,24 +117,27 @@ def summarize(case: str, rows: list[dict]) -> dict:
     def median(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(b / a, 3) if a and b is not None else None
+    def ratio(base: float | None, x: float | None) -> float | None:
+        return round(x / base, 3) if base and x is not None else None
 
-    s: dict = {"case": case}
-    for setting in SETTINGS:
-        s[f"cold_compile_s_{setting}"] = median(values(setting, "compile_s", cold=True))
-        s[f"warm_compile_s_{setting}"] = median(values(setting, "compile_s", cold=False))
-        s[f"median_ms_{setting}"] = median(values(setting, "median_ms"))
-        s[f"processes_{setting}"] = len(values(setting, "median_ms"))
+    out = []
+    for setting in settings:
         losses = [r["losses"] for r in rows if r["setting"] == setting and r["losses"]]
-        # shown, not compared: training here is not bitwise reproducible between processes
-        s[f"last_loss_{setting}"] = losses[0][-1] if losses else None
-    s["cold_compile_ratio"] = ratio(s["cold_compile_s_each"], s["cold_compile_s_once"])
-    s["step_ratio"] = ratio(s["median_ms_each"], s["median_ms_once"])
-    return s
+        out.append({
+            "case": case, "setting": setting,
+            "cold_compile_s": median(values(setting, "compile_s", cold=True)),
+            "warm_compile_s": median(values(setting, "compile_s", cold=False)),
+            "median_ms": median(values(setting, "median_ms")),
+            "processes": len(values(setting, "median_ms")),
+            # shown, not compared: training here is not bitwise reproducible between processes
+            "last_loss": losses[0][-1] if losses else None})
+    for s in out:
+        for key in ("cold_compile_s", "warm_compile_s", "median_ms"):
+            s[f"{key}_ratio"] = ratio(out[0][key], s[key])
+    return out
 
 
-GRAD_SETTINGS = ("each", "once", "once without NESTED_REGION_OPTIONS")
+GRAD_SETTINGS = ("each", "once", "once without NESTED_REGION_OPTIONS", "regional")
 
 
 def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
@@ -137,7 +149,7 @@ def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
 
     from workloads.device import autocast, resolve_device
     from workloads.gpt import GPT, config_for
-    from workloads.steps import NESTED_REGION_OPTIONS, compile_callable
+    from workloads.steps import NESTED_REGION_OPTIONS, compile_callable, compile_regions
 
     dev = resolve_device(device)
     dtype = "bf16" if dev.type == "cuda" else "fp32"
@@ -153,7 +165,13 @@ def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
                                generator=torch.Generator().manual_seed(1)).to(dev)
         options = NESTED_REGION_OPTIONS if setting == "once" else None
         grads = []
-        for fn in (model, compile_callable(model, "default", options)):
+        for compiled in (False, True):
+            if not compiled:
+                fn = model
+            elif blocks == "regional":
+                compile_regions(model, "default")  # in place: the model runs its regions
+            else:
+                fn = compile_callable(model, "default", options)
             model.zero_grad(set_to_none=True)
             with autocast(dev, dtype):
                 logits = fn(tokens)
@@ -185,22 +203,23 @@ def fmt(x: float | None, digits: int = 2) -> str:
 
 
 def print_table(summaries: list[dict]) -> None:
-    print("| case | cold compile s each / once | ratio | warm compile s each / once "
-          "| median ms each / once | ratio | processes | last loss each / once |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | setting | cold compile s | ratio | warm compile s | ratio | median ms "
+          "| ratio | processes | last loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for s in summaries:
-        print(f"| {s['case']} | {fmt(s['cold_compile_s_each'], 1)} / "
-              f"{fmt(s['cold_compile_s_once'], 1)} | {fmt(s['cold_compile_ratio'], 3)} | "
-              f"{fmt(s['warm_compile_s_each'], 1)} / {fmt(s['warm_compile_s_once'], 1)} | "
-              f"{fmt(s['median_ms_each'], 3)} / {fmt(s['median_ms_once'], 3)} | "
-              f"{fmt(s['step_ratio'], 3)} | {s['processes_each']} / {s['processes_once']} | "
-              f"{fmt(s['last_loss_each'], 4)} / {fmt(s['last_loss_once'], 4)} |")
+        print(f"| {s['case']} | {s['setting']} | {fmt(s['cold_compile_s'], 1)} | "
+              f"{fmt(s['cold_compile_s_ratio'], 3)} | {fmt(s['warm_compile_s'], 1)} | "
+              f"{fmt(s['warm_compile_s_ratio'], 3)} | {fmt(s['median_ms'], 3)} | "
+              f"{fmt(s['median_ms_ratio'], 3)} | {s['processes']} | "
+              f"{fmt(s['last_loss'], 4)} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(DEFAULT_CASES),
                    help=f"comma-separated, from {sorted(CASES)}")
+    p.add_argument("--settings", default="each,once",
+                   help=f"comma-separated, from {list(SETTINGS)}; ratios are to the first")
     p.add_argument("--repeats", type=int, default=2, help="processes per setting (1 cold)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
@@ -216,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in args.cases.split(",") if c]
     if unknown := [c for c in cases if c not in CASES]:
         p.error(f"unknown case(s) {unknown}; expected some of {sorted(CASES)}")
+    args.settings = tuple(x for x in args.settings.split(",") if x)
+    if unknown := [x for x in args.settings if x not in SETTINGS]:
+        p.error(f"unknown setting(s) {unknown}; expected some of {list(SETTINGS)}")
     if args.repeats < 1:
         p.error("--repeats must be at least 1 (the cold process)")
     if args.grads_here:  # the child of --grads: rows as JSON on stdout
@@ -232,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{g['worst_rel_error']:.2e} | {g['worst_parameter']} |")
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         rows = [row for case in cases for row in run_case(case, args, Path(tmp))]
-    summaries = [summarize(c, [r for r in rows if r["case"] == c]) for c in cases]
+    summaries = [s for c in cases
+                 for s in summarize(c, [r for r in rows if r["case"] == c], args.settings)]
     print_table(summaries)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

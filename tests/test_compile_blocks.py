@@ -1,5 +1,6 @@
 """``compile_blocks``: the GPT block compiled once for every layer (a nested compile region,
-workloads/gpt.py) or every layer traced into one flat graph (the default). CPU, real
+workloads/gpt.py), each layer's block compiled on its own (regional compilation,
+workloads/steps.py) or every layer traced into one flat graph (the default). CPU, real
 torch.compile."""
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from workloads.gpt import GPT, Block, BlockCompiledOnce, config_for
-from workloads.steps import NESTED_REGION_OPTIONS, Speed, build_gpt, compile_callable
+from workloads.steps import (
+    NESTED_REGION_OPTIONS,
+    Speed,
+    build_gpt,
+    compile_callable,
+    compile_regions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,6 +63,46 @@ def test_once_traces_the_block_once_whatever_the_depth() -> None:
     assert once[4] < each[4] / 5
 
 
+def _frames_traced(layers: int) -> tuple[int, int]:
+    """(ops Dynamo traced, graphs it made) while compiling a regional model's forward and
+    backward."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("regional", layers)
+    compile_regions(model, "default")
+    with torch._dynamo.config.patch(cache_size_limit=2):  # a recompile per layer would show
+        model(_tokens()).sum().backward()
+    return counters["stats"]["calls_captured"], counters["stats"]["unique_graphs"]
+
+
+def test_regional_traces_one_block_whatever_the_depth() -> None:
+    shallow, deep = _frames_traced(2), _frames_traced(6)
+    assert deep == shallow  # the blocks after the first reuse its code: no tracing per layer
+    assert shallow[1] == 2  # one graph for the block, one for the final norm
+    assert not counters["recompiles"]  # no block failed the first one's guards
+
+
+def test_regional_gradients_and_losses_equal_eager_ones() -> None:
+    torch._dynamo.reset()
+    model = _model("regional", 3)
+    assert type(model.layers[0]) is Block
+    grads, logits = [], []
+    for compiled in (False, True):
+        if compiled:
+            compile_regions(model, "default")
+        model.zero_grad(set_to_none=True)
+        out = model(_tokens())
+        F.cross_entropy(out.flatten(0, 1), _tokens().flatten()).backward()
+        logits.append(out.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-5)
+    eager, regional = grads
+    for name, g in eager.items():
+        torch.testing.assert_close(regional[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(type(layer).__name__ == "Block" for layer in model.layers)  # compiled in place
+    assert "_orig_mod" not in "".join(dict(model.named_parameters()))  # names unchanged
+
+
 def test_once_gradients_equal_eager_ones() -> None:
     """Three layers, Inductor: the region's code runs three times in the backward, where
     torch's buffer reuse broke the gradients of all but the last layer (steps.py,
@@ -88,8 +135,10 @@ def test_once_trains_with_master_weights_as_each_does(dtype: str) -> None:
     nested compile region refused them ('Encountered aliasing during higher order op
     tracing'); each segment now has a storage of its own (workloads/optim.py)."""
     each, once = _master_losses("each", dtype), _master_losses("once", dtype)
+    regional = _master_losses("regional", dtype)
     assert once[-1] < once[0]  # the optimizer's writes to the flat buffer reach the model
     assert once == pytest.approx(each, rel=1e-6 if dtype == "fp32" else 1e-4)
+    assert regional == pytest.approx(each, rel=1e-6 if dtype == "fp32" else 1e-4)
 
 
 def test_master_weights_are_separate_tensors_over_the_flat_buffers() -> None:

@@ -13,7 +13,7 @@ from torch import nn
 from workloads.attention import IMPLS, attention_core
 from workloads.nvtx_ranges import rng
 
-COMPILE_BLOCKS = ("each", "once")
+COMPILE_BLOCKS = ("each", "once", "regional")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,10 @@ class GPTConfig:
     rope_theta: float = 10_000.0
     attention: str = "sdpa"  # "naive" or "sdpa"
     # "each": torch.compile traces every layer into one flat graph; "once": it compiles one
-    # block and reuses it in every layer (BlockCompiledOnce). Eager runs are the same either way.
+    # block and reuses it in every layer (BlockCompiledOnce), but Dynamo still traces every
+    # layer; "regional": each layer's block is compiled on its own and the layer loop stays
+    # eager (workloads/steps.py: compile_regions), so Dynamo traces one block. Eager runs are
+    # the same either way.
     compile_blocks: str = "each"
 
     def __post_init__(self) -> None:
