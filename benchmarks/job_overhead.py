@@ -179,15 +179,27 @@ def job_row(kind: str, run: str, name: str, wall: float, record: dict[str, Any]
     work = work_seconds(record) if kind != "calibrate" else 0.0
     ok = status == "ok" and work is not None
     process = record.get("process") or {}
+    params = {**(record.get("params") or {}), "workload": record.get("workload")}
     return {
         "kind": kind, "run": run, "job": name, "status": status, "wall_s": wall,
         "workload": record.get("workload"),
+        "compile_class": compile_class(params) if params.get("compile", "off") != "off" else None,
         "work_s": work, "overhead_s": round(wall - work, 3) if ok else None,
         "compile_s": record.get("compile_s"), "launcher": process.get("launcher"),
         "warmup_s": _sum_ms(record.get("warmup_times_ms")),
         "steps_s": _sum_ms(record.get("step_times_ms")),
         "parts_s": job_parts(wall, record) if ok else None,
     }
+
+
+def compile_class(params: dict[str, Any]) -> str:
+    """What a compiled run's compile costs depend on: its workload and, for a GPT, its mode
+    and how it compiles its blocks (a forward compiles less than a train step; a regional
+    compile traces one block whatever the depth, a whole-model compile every layer)."""
+    workload = params.get("workload") or ""
+    if workload != "gpt":
+        return workload
+    return f"gpt {params.get('mode', 'forward')} {params.get('compile_blocks', 'each')}"
 
 
 # Where a job's wall time went, in order (job_parts): Snakemake's job start and the guard's own
@@ -456,12 +468,14 @@ class Costs:
     compile_s: float = 20.0  # a compiled run's warm-up beyond its steps (torch.compile)
     trace_slowdown: float = 1.3  # a traced step / an untraced one (docs/timing.md)
 
-    # a compiled run's compilation per workload (attention cells compile far less than a GPT)
+    # Per compile class (compile_class: a GPT's mode and block compilation) and, as the
+    # fallback for a class nothing measured, per workload:
+    # a compiled run's compilation from the cache (attention cells compile far less than a GPT)
     compile_s_by_workload: dict[str, float] = field(default_factory=dict)
-    # a compiled run's first process, whose graphs are in no cache yet: per workload, the
-    # mean over runs of a run's longest compile (from a run that started without a cache)
+    # a compiled run's first process, whose graphs are in no cache yet: the mean over runs of
+    # a run's longest compile (from a run that started without a cache)
     cold_compile_s_by_workload: dict[str, float] = field(default_factory=dict)
-    # a compiled timing process's fixed overhead per workload (an attention cell builds less)
+    # a compiled timing process's fixed overhead (an attention cell builds less)
     compiled_overhead_s_by_workload: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -474,23 +488,24 @@ class Costs:
         gaps = [max(0.0, (side["wall_s"] - sum(j["wall_s"] for j in side["jobs"]))
                     / max(1, len(snakemake_jobs(side["jobs"]))))
                 for side in sides if math.isfinite(side.get("wall_s") or math.nan)]
-        # per (workload, run): its processes' compiles; the longest is the one that found no
-        # cache (in a run started without one), the others loaded from it
+        # per (class or workload, run): its processes' compiles; the longest is the one that
+        # found no cache (in a run started without one), the others loaded from it
         per_run: dict[tuple[str, str], list[float]] = {}
         overheads: dict[str, list[float]] = {}
         for j in jobs:
-            workload = j.get("workload") or ""
-            if j.get("compile_s"):
-                per_run.setdefault((workload, j["run"]), []).append(j["compile_s"])
-            if j["kind"] == "timing_compiled" and j["overhead_s"] is not None:
-                overheads.setdefault(workload, []).append(j["overhead_s"])
+            for key in _cost_keys(j):
+                if j.get("compile_s"):
+                    per_run.setdefault((key, j["run"]), []).append(j["compile_s"])
+                if j["kind"] == "timing_compiled" and j["overhead_s"] is not None:
+                    overheads.setdefault(key, []).append(j["overhead_s"])
         compiles: dict[str, list[float]] = {}
         cold: dict[str, list[float]] = {}
-        for (workload, _), seconds in per_run.items():
+        for (key, _), seconds in per_run.items():
             ordered = sorted(seconds)
-            cold.setdefault(workload, []).append(ordered[-1])
-            compiles.setdefault(workload, []).extend(ordered[:-1] or ordered)
-        everything = [c for values in compiles.values() for c in values]
+            cold.setdefault(key, []).append(ordered[-1])
+            compiles.setdefault(key, []).extend(ordered[:-1] or ordered)
+        workloads = {j.get("workload") for j in jobs}  # each compile once, under its workload
+        everything = [c for key, values in compiles.items() if key in workloads for c in values]
         return cls(
             timing_overhead_s=stats["timing"]["median_s"] or 0.0,
             compiled_timing_overhead_s=(stats["timing_compiled"]["median_s"]
@@ -506,18 +521,31 @@ class Costs:
             compiled_overhead_s_by_workload=_medians(overheads),
         )
 
-    def compile_for(self, workload: str) -> float:
-        """A compiled run's compilation from the cache: its workload's mean, else every
-        workload's."""
-        return self.compile_s_by_workload.get(workload, self.compile_s)
+    def compile_for(self, params: dict[str, Any]) -> float:
+        """A compiled run's compilation from the cache: its class's mean, else its
+        workload's, else every compiled process's."""
+        return _lookup(self.compile_s_by_workload, params, self.compile_s)
 
-    def cold_compile_for(self, workload: str) -> float:
+    def cold_compile_for(self, params: dict[str, Any]) -> float:
         """A compiled run's first compilation without a cache (else the warm one)."""
-        return self.cold_compile_s_by_workload.get(workload, self.compile_for(workload))
+        return _lookup(self.cold_compile_s_by_workload, params, self.compile_for(params))
 
-    def compiled_overhead_for(self, workload: str) -> float:
-        return self.compiled_overhead_s_by_workload.get(workload,
-                                                        self.compiled_timing_overhead_s)
+    def compiled_overhead_for(self, params: dict[str, Any]) -> float:
+        return _lookup(self.compiled_overhead_s_by_workload, params,
+                       self.compiled_timing_overhead_s)
+
+
+def _cost_keys(job: dict[str, Any]) -> list[str]:
+    """The keys a job's compile costs count under: its compile class, and its workload."""
+    keys = [job.get("compile_class"), job.get("workload")]
+    return list(dict.fromkeys(k for k in keys if k))
+
+
+def _lookup(table: dict[str, float], params: dict[str, Any], default: float) -> float:
+    for key in (compile_class(params), params.get("workload")):
+        if key in table:
+            return table[key]
+    return default
 
 
 def _medians(values: dict[str, list[float]]) -> dict[str, float]:
@@ -545,7 +573,7 @@ def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: 
     unsupported = 0
     for name, params in runs.items():
         compiled = params.get("compile", "off") != "off"
-        overhead = (costs.compiled_overhead_for(params["workload"]) if compiled
+        overhead = (costs.compiled_overhead_for(params) if compiled
                     else costs.timing_overhead_s)
         n_jobs = 1 + bool(params.get("profile", True))
         if expected_unsupported(params):
@@ -563,8 +591,8 @@ def project_wall_time(runs: dict[str, dict[str, Any]], repeats: int, calibrate: 
                 by_part["steps"] += steps * costs.trace_slowdown
             by_part["warmup"] += n_processes * params.get("warmup", 0) * step_s
             if compiled:
-                warm = costs.compile_for(params["workload"])
-                first = costs.cold_compile_for(params["workload"]) if cold else warm
+                warm = costs.compile_for(params)
+                first = costs.cold_compile_for(params) if cold else warm
                 by_part["compile"] += first + (n_processes - 1) * warm
         by_part["gaps"] += n_jobs * costs.gap_s
         jobs += n_jobs

@@ -275,6 +275,39 @@ def test_projection_adds_up_per_job_costs() -> None:
     assert out["seconds"] == round(5.0 + 0.5 + eager + compiled + cell + flash_fp32 + gaps)
 
 
+def test_compile_costs_are_read_and_projected_per_compile_class() -> None:
+    """A GPT's compile costs depend on its mode and block compilation (a regional forward
+    compiles a fraction of a train step compiled once): Costs keeps them per compile class,
+    and a run takes its class's, else its workload's, else every compile's."""
+    job_overhead = load_benchmark()
+
+    def job(run: str, compile_s: float, **params: str) -> dict:
+        record = {"status": "ok", "workload": params.pop("workload", "gpt"), "compile_s": compile_s,
+                  "params": {"compile": "default", **params},
+                  "warmup_times_ms": [compile_s * 1e3], "step_times_ms": [1.0]}
+        return job_overhead.job_row("timing", run, run, compile_s + 1.0, record)
+
+    jobs = [job("a", 30.0, mode="train", compile_blocks="once"),  # cold, then from the cache
+            job("a", 6.0, mode="train", compile_blocks="once"),
+            job("b", 8.0, mode="forward", compile_blocks="regional"),
+            job("b", 1.0, mode="forward", compile_blocks="regional"),
+            job("c", 2.0, workload="attention_core", mode="forward")]
+    assert jobs[0]["compile_class"] == "gpt train once"
+    assert jobs[4]["compile_class"] == "attention_core"
+    side = {"wall_s": float("nan"), "jobs": jobs}
+    costs = job_overhead.Costs.from_results([{"sides": {"fork": side}}])
+    train_once = {"workload": "gpt", "mode": "train", "compile_blocks": "once"}
+    fwd_regional = {"workload": "gpt", "mode": "forward", "compile_blocks": "regional"}
+    unmeasured = {"workload": "gpt", "mode": "forward_backward", "compile_blocks": "each"}
+    assert (costs.cold_compile_for(train_once), costs.compile_for(train_once)) == (30.0, 6.0)
+    assert (costs.cold_compile_for(fwd_regional), costs.compile_for(fwd_regional)) == (8.0, 1.0)
+    # no forward_backward measured: the GPT's over both classes (runs a and b)
+    assert costs.compile_for(unmeasured) == 3.5
+    assert costs.cold_compile_for(unmeasured) == 19.0
+    # nothing of its workload: every warm compile (a and b from the cache, c alone)
+    assert costs.compile_for({"workload": "sleep"}) == costs.compile_s == 3.0
+
+
 def load_benchmark():  # noqa: ANN201 - a module loaded from a path
     import importlib.util
 
