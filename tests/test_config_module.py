@@ -240,6 +240,25 @@ def test_bigger_configs_measure_a_run_as_the_default_does(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "config/standard.yaml", "config/full.yaml"])
+def test_shipped_configs_compile_regionally_only_what_is_not_captured(name: str) -> None:
+    """A regional compile's kernels get no layer or sublayer in the kernel map (the compiled
+    frame is the block), and with reduce-overhead its per-block CUDA graphs cost steps
+    (docs/workloads.md): the configs use it only in timed-only runs without reduce-overhead,
+    and every ladder compiles all its rungs one way."""
+    plan = config.load(REPO / name)
+    regional = {n: p for n, p in plan.runs.items()
+                if p.get("compile", "off") != "off" and p.get("compile_blocks") == "regional"}
+    for run, params in regional.items():
+        assert run not in plan.profiled, run
+        assert params["compile"] != "reduce-overhead", run
+    if name == "config/full.yaml":  # its best-settings sweep: 40 runs (5 sizes, 2 modes, 4 ctx)
+        assert len(regional) == 40 and all("_best_ctx" in run for run in regional)
+    for ladder in yaml.safe_load((REPO / name).read_text()).get("ladders", []):
+        assert all("compile_blocks" not in rung for rung in ladder["rungs"])
+        assert "compile_blocks" not in ladder["base"]
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config/standard.yaml", "config/full.yaml"])
 def test_shipped_ladders_change_one_key_per_rung(name: str) -> None:
     """A rung's gain is credited to its change only when that change is the only difference
     (the attention implementation and its SDPA backend are one change)."""

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(gpt, "reshard_after_forward", type=_boolean, default=True, help="FSDP: true/false")
     _flag(gpt, "compile_blocks", choices=COMPILE_BLOCKS, default="each",
           help="with --compile: each = every layer traced into one flat graph; once = the "
-               "block is one nested compile region, compiled once for every layer")
+               "block is one nested compile region, compiled once for every layer; "
+               "regional = each layer's block compiled on its own, the layer loop eager")
 
     sleeper = sub.add_parser("sleep", help="a step that sleeps --step-ms: a known step time")
     sleep.add_arguments(sleeper, _flag)
