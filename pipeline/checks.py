@@ -54,6 +54,9 @@ BF16_KERNEL_FACTOR = 1.25
 # with shapes (23.6 MB); rounded up, on top of the lean capture.
 OPS_CAPTURE_FACTOR = {True: 4, "shapes": 7}
 ATTENTION_KERNELS = {"forward": 10, "forward_backward": 30}
+# A model workload's kernels per step are not known before it runs: a ResNet-50 or GPT-2 train
+# step launches about this many in eager mode (a generous bound for the disk check).
+MODEL_KERNELS_PER_STEP = {"forward": 1000, "forward_backward": 3000, "train": 4000}
 # Room besides the captures (report, plots, summaries); PROFBENCH_MIN_FREE_MB overrides it.
 DEFAULT_MIN_FREE_MB = 256
 
@@ -201,6 +204,8 @@ def estimate_run_bytes(params: Mapping[str, Any]) -> int:
         per_step = GPT_LAYERS.get(params.get("size"), 48) * GPT_KERNELS_PER_LAYER.get(mode, 165)
         if params.get("dtype") == "bf16":
             per_step = int(per_step * BF16_KERNEL_FACTOR)
+    elif params.get("workload") == "model":
+        per_step = MODEL_KERNELS_PER_STEP.get(mode, 3000)
     else:
         per_step = ATTENTION_KERNELS.get(mode, 30)
     lean = per_step * int(params.get("steps", 10)) * BYTES_PER_KERNEL

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import itertools
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from workloads import models
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMAS = REPO / "schemas"
@@ -76,6 +79,15 @@ def run_schemas() -> dict[str, dict[str, Any]]:
         schema = dict(schema)
         schema["properties"] = {**common, **schema["properties"]}
         schemas[name] = schema
+    # the workloads of workloads/models/: their schema is their Options dataclass
+    for name, module in models.registry().items():
+        own = models.options_schema(module.Options)
+        schemas[name] = {
+            "type": "object", "additionalProperties": False,
+            "description": (module.__doc__ or "").strip().split("\n")[0],
+            "required": ["workload", *own["required"]],
+            "properties": {**common, **own["properties"], "workload": {"const": name}},
+        }
     return schemas
 
 
@@ -186,6 +198,23 @@ def check_run(where: str, params: dict[str, Any]) -> None:
     except jsonschema.ValidationError as e:
         key = ".".join(str(p) for p in e.absolute_path)
         raise ConfigError(f"{where}.{key}" if key else where, e.message) from None
+    problem = workload_problem(params["workload"], json.dumps(params, sort_keys=True))
+    if problem is not None:
+        raise ConfigError(f"{where}.{problem[0]}", problem[1])
+
+
+@cache
+def workload_problem(workload: str, params_json: str) -> tuple[str, str] | None:
+    """(key, problem) a workload of workloads/models/ finds in a run's options before any job
+    starts (e.g. a factory that does not import); None when it finds none. Cached: a sweep's
+    runs share a factory, imported once."""
+    module = models.registry().get(workload)
+    if module is None or not hasattr(module, "check"):
+        return None
+    problem = module.check(models.options_of(workload, json.loads(params_json)))
+    if problem is None:
+        return None
+    return problem if isinstance(problem, tuple) else ("factory", problem)
 
 
 def expand_sweep(index: int, sweep: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -335,7 +364,7 @@ def workload_args(params: dict[str, Any]) -> str:
     params = workload_params(params)
     args = [params.pop("workload")]
     for key, value in sorted(params.items()):
-        args += [f"--{key}", str(value)]
+        args += [f"--{key}", json.dumps(value) if isinstance(value, dict | list) else str(value)]
     return shlex.join(args)
 
 

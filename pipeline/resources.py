@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads import models
+
 # GPT size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
 GPT_SIZE_NEEDS = {
     "tiny": (4000, 5),
@@ -39,6 +41,10 @@ def run_needs(params: dict[str, Any] | None) -> tuple[float, float]:
     mem_mb, minutes = SMALL_JOB_NEEDS
     if params["workload"] == "gpt":
         mem_mb, minutes = GPT_SIZE_NEEDS[params["size"]]
+    elif params["workload"] in models.registry():
+        module = models.registry()[params["workload"]]
+        if hasattr(module, "needs"):
+            mem_mb, minutes = module.needs(models.options_of(params["workload"], params))
     minutes *= MODE_TIME_FACTOR.get(params.get("mode", "forward"), 1.0)
     minutes *= max(1.0, (params.get("warmup", 0) + params.get("steps", 0)) / DEFAULT_STEPS)
     if params.get("compile", "off") != "off":

@@ -156,10 +156,11 @@ rule profile:
         # pass over big captures, and our reports match it value for value). A failed run
         # leaves empty capture files: its times.json status says why, and run_stats never
         # reads them. A compiled run's process writes its TORCH_TRACE (params.torch_trace).
+        # PROFBENCH_CAPTURE=1: the workload is captured (a model workload adds module ranges).
         "mkdir -p {output.trace};"
         " {params.guard} --run {wildcards.run} --out {output.times}"
         " --expect {output.sqlite} {output.rep} --"
-        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 {params.device_lock} {params.torch_trace}"
+        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 PROFBENCH_CAPTURE=1 {params.device_lock} {params.torch_trace}"
         " {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
         " {params.capture}"

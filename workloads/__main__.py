@@ -1,4 +1,4 @@
-"""Command line: ``python -m workloads {attention,attention_core,gpt,sleep,calibrate} ...``.
+"""Command line: ``python -m workloads {attention,attention_core,gpt,sleep,model,calibrate} ...``.
 
 Each workload run writes a timings JSON (``--out``, also on failure, with a ``status``) and
 prints one summary line. Exit codes: 0 ok, 1 error, 2 usage, 3 oom, 4 unsupported.
@@ -8,7 +8,11 @@ Examples::
     python -m workloads attention --impl sdpa --batch 32 --seq 100 --embed 256 --out a.json
     python -m workloads gpt --size small --mode train --dtype bf16 --compile reduce-overhead
     python -m workloads attention_core --seq 4096 --head-dim 128 --dtype bf16 --sdpa-backend cudnn
+    python -m workloads model --factory my_model.py:make --kwargs '{"width": 64}' --mode train
     python -m workloads calibrate --out peaks.json --dtypes bf16,fp32
+
+The workloads of workloads/models/ (``model``: your own model) get their flags from their
+``Options`` dataclass (workloads/models/__init__.py).
 """
 
 import argparse
@@ -25,7 +29,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, parallel, process_state, sleep, startgate
+from workloads import calibrate, flops, models, parallel, process_state, sleep, startgate
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
@@ -50,7 +54,12 @@ from workloads.steps import (
     build_gpt,
 )
 
-WORKLOADS = ("attention", "attention_core", "gpt", "sleep")
+BUILT_IN = ("attention", "attention_core", "gpt", "sleep")
+
+
+def workload_names() -> tuple[str, ...]:
+    """Every workload: the built-in ones and those of workloads/models/."""
+    return (*BUILT_IN, *models.registry())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     sleeper = sub.add_parser("sleep", help="a step that sleeps --step-ms: a known step time")
     sleep.add_arguments(sleeper, _flag)
 
-    for p in (attention, core, gpt, sleeper):
+    registered = []
+    for name, module in models.registry().items():
+        sub_parser = sub.add_parser(name, help=(module.__doc__ or "").strip().split("\n")[0])
+        models.add_options(sub_parser, module.Options, _flag, _boolean)
+        registered.append(sub_parser)
+
+    for p in (attention, core, gpt, sleeper, *registered):
         _flag(p, "dtype", choices=DTYPES, default="fp32")
         _flag(p, "compile", choices=COMPILE_MODES, default="off")
         _flag(p, "cuda_graph", choices=CUDA_GRAPH_MODES, default="off",
@@ -210,7 +225,8 @@ def run_from_command_line(argv: list[str] | None) -> int:
 
 # Options added after results were published, at their defaults: left out of the config hash.
 # compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
-NEW_DEFAULTS = {("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each")}
+NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
+    ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"))}
 
 
 class Record:
@@ -228,7 +244,7 @@ class Record:
         # existed (their config hash stays the same), and so is compiling each block; an
         # uncompiled run's compile_blocks changes nothing
         hashed = {k: v for k, v in params.items()
-                  if k != "out" and (k, v) not in NEW_DEFAULTS
+                  if k != "out" and (k, json.dumps(v)) not in NEW_DEFAULTS
                   and not (k == "compile_blocks" and params["compile"] == "off")}
         self.result: dict[str, Any] = {
             "workload": args.workload,
@@ -300,6 +316,13 @@ class Record:
             gpu_state=gpu_state,
             **graph,
         )
+        if workload.structure is not None:
+            self.result["structure"] = {"layers": workload.structure.layers,
+                                        "sublayers": workload.structure.sublayers}
+        if workload.module_paths is not None:
+            self.result["module_paths"] = workload.module_paths
+        if workload.module_depth is not None:
+            self.result["module_depth"] = workload.module_depth
 
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
@@ -320,13 +343,12 @@ def build_workload(args: argparse.Namespace, device: torch.device,
                    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> Workload:
     if args.workload == "sleep":
         return sleep.build(args)
-    speed = Speed(
-        compile=args.compile,
-        sdpa_backend=args.sdpa_backend,
-        optimizer=getattr(args, "optimizer", "adamw_foreach"),
-        cuda_graph=args.cuda_graph,
-        compile_blocks=getattr(args, "compile_blocks", "each"),
-    )
+    speed = _speed(args)
+    if args.workload in models.registry():
+        module = models.registry()[args.workload]
+        settings = models.RunSettings(dtype=args.dtype, device=device, seed=args.seed,
+                                      speed=speed, wrap=wrap)
+        return module.build(models.options_of(args.workload, vars(args)), settings)
     common = dict(
         batch=args.batch, dtype=args.dtype, mode=args.mode, device=device, seed=args.seed,
         speed=speed,
@@ -343,6 +365,16 @@ def build_workload(args: argparse.Namespace, device: torch.device,
     return build_gpt(
         size=args.size, context=args.context, vocab=args.vocab, attention=args.attention,
         wrap=wrap, **common,
+    )
+
+
+def _speed(args: argparse.Namespace) -> Speed:
+    return Speed(
+        compile=args.compile,
+        sdpa_backend=args.sdpa_backend,
+        optimizer=getattr(args, "optimizer", "adamw_foreach"),
+        cuda_graph=args.cuda_graph,
+        compile_blocks=getattr(args, "compile_blocks", "each"),
     )
 
 
@@ -389,6 +421,8 @@ def summary_line(result: dict[str, Any]) -> str:
         variant = f"attention {p['impl']} h={p['heads']}"
     elif result["workload"] == "sleep":
         variant = sleep.variant(p)
+    elif result["workload"] == "model":
+        variant = f"model {p['factory']}"
     else:
         variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
     if p["compile"] != "off":

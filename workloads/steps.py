@@ -10,6 +10,7 @@ With ``cuda_graph: step`` the whole step is captured into one CUDA graph after i
 (workloads/graphs.py); the compiled regions then use mode ``default`` (graphs do not nest).
 """
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,11 @@ class Workload:
     flops_per_step: int
     # bytes one optimizer step must move through device memory (train mode; optim.py)
     optimizer_bytes_per_step: int | None = None
+    # a model workload's layers and sublayers (workloads/models/parts.py), for the record
+    structure: Any = None
+    # the module paths with NVTX ranges (a capture of a model workload), for the record
+    module_paths: list[str] | None = None
+    module_depth: int | None = None  # the depth they go to (the analysis cuts compiled paths)
 
 
 @dataclass(frozen=True)
@@ -320,6 +326,46 @@ def track_provenance() -> None:
         trace.provenance_tracking = True
 
 
+# The line a compiled node's stack trace gets with its module path (read back by
+# analysis/metrics/modules.py). A version in the pass's uuid keeps Inductor's cache honest.
+MODULE_PATH_LINE = "[profbench module {}]"
+_MODULE_PATHS_UUID = "profbench-module-paths-1"
+
+
+def track_module_paths() -> None:
+    """Make Inductor keep, for every compiled node, the path of the module it came from:
+    a post-grad pass appends it to the node's stack trace (``nn_module_stack`` in forward,
+    ``fwd_nn_module_stack`` in backward), which provenance tracking records for each kernel
+    and Inductor's cache keeps with the compiled code, so a capture that loads the timing
+    processes' code still has it. Model workloads only: the GPT maps its kernels by source."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class ModulePaths(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            for node in graph.nodes:
+                stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+                trace = node.meta.get("stack_trace")
+                if stack and trace is not None:
+                    path = module_path(next(reversed(stack.values()))[0])
+                    node.meta["stack_trace"] = (trace.rstrip("\n") + "\n  "
+                                                + MODULE_PATH_LINE.format(path) + "\n")
+
+        def uuid(self) -> str:
+            return _MODULE_PATHS_UUID
+
+    current = inductor_config.post_grad_custom_post_pass
+    if current is None or getattr(current, "uuid", lambda: None)() != _MODULE_PATHS_UUID:
+        inductor_config.post_grad_custom_post_pass = ModulePaths()
+
+
+def module_path(dynamo_path: str) -> str:
+    """``L['self'].layers.0._orig_mod.attn`` -> ``layers.0.attn``: the path in
+    ``named_modules()`` of the model profbench built."""
+    parts = [p for p in dynamo_path.split(".")[1:] if p != "_orig_mod"]
+    return ".".join(parts)
+
+
 def _make_step(
     model: nn.Module,
     forward: Callable[[], torch.Tensor],
@@ -330,6 +376,7 @@ def _make_step(
     grad_output: torch.Tensor | None = None,
     optimizer: torch.optim.Optimizer | MasterAdamW | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    after_backward: Callable[[], None] | None = None,
 ) -> Step:
     """Wrap forward / loss / backward / optimizer in their NVTX ranges.
 
@@ -358,7 +405,10 @@ def _make_step(
             if loss is not None:
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             else:
+                out = _first_tensor(out)
                 out.backward(grad_output.to(out.dtype))
+            if after_backward is not None:
+                after_backward()
         if optimizer is not None:
             with rng("optimizer_step"):
                 if scaler is not None:
@@ -406,3 +456,189 @@ def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+
+
+# Set by the pipeline's capture rules (rules/profile.smk): the process runs under nsys. Module
+# ranges cost autograd nodes in every step, so untraced timing runs go without them.
+CAPTURE_ENV = "PROFBENCH_CAPTURE"
+
+
+def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Workload:
+    """A user's model (workloads/models/model.py) on a fixed batch from its batch maker."""
+    from workloads import module_ranges
+    from workloads.models.parts import Structure
+
+    _check_mode(options.mode, GPT_MODES, "model")
+    device, speed = run.device, run.speed
+    torch.manual_seed(run.seed)
+    parts = model_parts(factory(**options.kwargs), options.factory)
+    model = parts.model.to(device)
+    memory_format = torch.channels_last if options.channels_last else torch.preserve_format
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    torch.manual_seed(run.seed)
+    inputs, targets = parts.make_batch(options.batch, device)
+    inputs, targets = _on_device(inputs, device, memory_format), _on_device(targets, device)
+    if options.mode == "train" and parts.loss is None:
+        raise ValueError(f"factory {options.factory!r} returned no loss: mode train needs one")
+    structure = Structure(options.layers, options.sublayers) if options.layers else (
+        parts.structure or Structure())
+    depth = module_depth(model, structure, options.module_depth)
+    ranges = None
+    if depth and os.environ.get(CAPTURE_ENV) == "1":
+        ranges = module_ranges.ModuleRanges(model, depth)
+    params_count = _count(model)
+    counted = count_step_flops(model, inputs, targets, parts.loss, options.mode, run.dtype,
+                               device)
+    wrapped = run.wrap(model) if run.wrap is not None else model
+    optimizer = None
+    if options.mode == "train":
+        low = compute_dtype(run.dtype) if run.dtype in ("bf16", "fp16") else None
+        optimizer = build_optimizer(
+            options.optimizer, wrapped, lr=1e-3, low_precision=low,
+            compile_mode=speed.compile_mode, capturable=speed.cuda_graph == "step")
+    if speed.compile_mode != "off":
+        track_module_paths()
+    if options.compile_blocks == "regional" and speed.compile_mode != "off":
+        layers = [m for p, m in model.named_modules() if p and structure.layer_of(p) == p]
+        if not layers:
+            raise ValueError("compile_blocks regional needs layers: set `layers` or return a "
+                             "structure from the factory")
+        track_provenance()
+        for layer in layers:  # its forward, not its call: the layer's module ranges stay eager
+            layer.forward = torch.compile(layer.forward, **compile_kwargs(speed.compile_mode))
+        compiled_model = wrapped
+    else:
+        compiled_model = compile_callable(wrapped, speed.compile_mode)
+    loss_fn = None
+    if parts.loss is not None and options.mode != "forward":
+        user_loss = parts.loss
+
+        def loss_fn(output: Any) -> torch.Tensor:
+            return user_loss(output, targets)
+
+        loss_fn = compile_callable(loss_fn, speed.compile_mode)
+    grad_output = None
+    if loss_fn is None and options.mode == "forward_backward":
+        grad_output = _grad_output_like(model, inputs, device, run.dtype)
+
+    def forward() -> Any:
+        with autocast(device, run.dtype):
+            return _call(compiled_model, inputs)
+
+    scaler = None
+    if run.dtype == "fp16" and options.mode != "forward":
+        scaler = torch.amp.GradScaler(device.type)
+    step = _make_step(wrapped, forward, options.mode, loss_fn=loss_fn, optimizer=optimizer,
+                      speed=speed, scaler=scaler, grad_output=grad_output,
+                      after_backward=ranges.close_open if ranges else None)
+    return Workload(
+        step=step,
+        tokens_per_step=options.batch * parts.items_per_sample,
+        params_count=params_count,
+        forward_flops=counted["forward"],
+        flops_per_step=counted["step"],
+        optimizer_bytes_per_step=optimizer_bytes_per_step(optimizer),
+        structure=structure,
+        module_paths=ranges.paths if ranges else None,
+        module_depth=depth,
+    )
+
+
+def module_depth(model: nn.Module, structure: Any, depth: int | None) -> int:
+    """The module ranges' depth: as set, else one below the first layer (its sublayers),
+    else 3."""
+    if depth is not None:
+        return depth
+    layer = next((p for p, _ in model.named_modules() if p and structure.layer_of(p) == p), None)
+    return layer.count(".") + 2 if layer else 3
+
+
+def model_parts(made: Any, factory: str) -> Any:
+    """The factory's return value as ModelParts, or a ValueError saying what it must be."""
+    from workloads.models.parts import ModelParts
+
+    if isinstance(made, tuple) and len(made) == 3:
+        made = ModelParts(*made)
+    what = (f"factory {factory!r} must return ModelParts(model, make_batch, loss) or the "
+            "tuple (model, make_batch, loss): an nn.Module, a callable (batch_size, device) -> "
+            "(inputs, targets), and a callable (output, targets) -> loss or None")
+    if not isinstance(made, ModelParts):
+        raise ValueError(f"{what}; it returned {type(made).__name__}")
+    if not isinstance(made.model, nn.Module):
+        raise ValueError(f"{what}; its model is a {type(made.model).__name__}")
+    if not callable(made.make_batch) or (made.loss is not None and not callable(made.loss)):
+        raise ValueError(f"{what}; its make_batch or loss is not callable")
+    return made
+
+
+def count_step_flops(model: nn.Module, inputs: Any, targets: Any, loss: Any, mode: str,
+                     dtype: str, device: torch.device) -> dict[str, int]:
+    """FLOPs of the forward and of the whole step, counted by PyTorch's FlopCounterMode on one
+    eager step of the model (matmuls, convolutions and attention, as the analytic counts)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    backward = mode != "forward"
+    with FlopCounterMode(display=False) as forward_counter:
+        with torch.set_grad_enabled(backward), autocast(device, dtype):
+            output = _call(model, inputs)
+            value = loss(output, targets) if backward and loss is not None else None
+    forward = forward_counter.get_total_flops()
+    if not backward:
+        return {"forward": forward, "step": forward}
+    with FlopCounterMode(display=False) as backward_counter:
+        if value is not None:
+            value.backward()
+        else:
+            out = _first_tensor(output)
+            out.backward(torch.ones_like(out))
+    model.zero_grad(set_to_none=True)
+    return {"forward": forward, "step": forward + backward_counter.get_total_flops()}
+
+
+def _call(model: Any, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple | list):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _on_device(value: Any, device: torch.device,
+               memory_format: torch.memory_format = torch.preserve_format) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.to(device)
+        if value.dim() == 4 and value.is_floating_point():
+            value = value.contiguous(memory_format=memory_format)
+        return value
+    if isinstance(value, tuple | list):
+        return type(value)(_on_device(v, device, memory_format) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device, memory_format) for k, v in value.items()}
+    return value
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            return v
+    raise ValueError("the model's output holds no tensor that needs a gradient")
+
+
+def _grad_output_like(model: nn.Module, inputs: Any, device: torch.device, dtype: str
+                      ) -> torch.Tensor:
+    """A fixed random gradient of the model's output (forward_backward without a loss)."""
+    with torch.no_grad(), autocast(device, dtype):
+        out = _first_tensor_any(_call(model, inputs))
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(out.shape, generator=generator).to(device)
+
+
+def _first_tensor_any(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    values = output.values() if isinstance(output, dict) else output
+    return next(v for v in values if isinstance(v, torch.Tensor))

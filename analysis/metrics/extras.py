@@ -25,6 +25,7 @@ from analysis.metrics.durations import durations_table
 from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.idle import idle_table
 from analysis.metrics.kernelmap import attribution_metrics, compiled_op_table, kernel_map_table
+from analysis.metrics.modules import module_table
 from analysis.metrics.occupancy import GpuLimits, occupancy
 from analysis.metrics.phases import (
     OpPhases,
@@ -54,6 +55,7 @@ EXTRA_CSVS: tuple[str, ...] = (
     "launch_overhead.csv",
     "idle_time.csv",
     "kernel_durations.csv",
+    "module_table.csv",
 )
 
 
@@ -458,6 +460,8 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
     out.tables["idle_time.csv"] = idle
     durations, duration_values = durations_table(ex)
     out.tables["kernel_durations.csv"] = durations
+    modules = module_table(ex, launched, phases, run.record, attribution)
+    out.tables["module_table.csv"] = modules.table
     k = ex.kernels()
     n_kernels = int(k["start"].size)
     metrics: dict[str, object] = {
@@ -476,6 +480,7 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
     for cat in CATEGORIES:
         metrics[f"category_time_ns.{cat}"] = cat_values[cat]
     metrics.update(phase_summary(out.phase_rows))
+    metrics.update(modules.metrics)
     metrics.update(attribution_metrics(launched, phases, attribution, out.phase_rows))
     out.metrics = metrics
     return out
@@ -511,6 +516,8 @@ def run_metrics(sqlite_path: str | os.PathLike[str], run: RunInputs | None = Non
       records count in CopyMemset), for every category in analysis.metrics.categories.CATEGORIES.
     * ``phase_gpu_ms_<phase>``, ``phase_gpu_ms_step``, ``phase_gpu_coverage``: from
       phase_gpu_time.csv (analysis.metrics.phases).
+    * ``module_coverage``: a model workload's share of forward + backward time inside its
+      top-level modules' ranges (analysis.metrics.modules; None without module ranges).
     * ``layer_share_fwd_bwd`` and the kernel-map keys (``kernel_map``, ...): see
       analysis.metrics.kernelmap.attribution_metrics.
     """

@@ -321,7 +321,7 @@ def _other_row(rows: list[dict[str, object]], step_gpu_ns: int,
     }
 
 
-_KIND_ORDER = ["step", "phase", "layer", "sublayer", "op", "other"]
+_KIND_ORDER = ["step", "phase", "layer", "sublayer", "module", "op", "other"]
 
 
 def _kind(name: str) -> str:
@@ -333,6 +333,8 @@ def _kind(name: str) -> str:
         return "layer"
     if name.endswith("_sublayer"):
         return "sublayer"
+    if name.startswith("module:"):  # a model workload's module ranges (analysis/metrics/modules.py)
+        return "module"
     if name in ("warmup",):
         return "other"
     return "op"

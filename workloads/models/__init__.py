@@ -1,0 +1,140 @@
+"""Workloads as modules: a module in this folder that defines ``Options`` and ``build`` is the
+workload of its name (``workload: <module>`` in a config, ``python -m workloads <module>``).
+
+* ``Options``: a dataclass of the workload's own settings. Its fields become the command
+  line's flags and the run schema's properties (:func:`options_schema`, :func:`add_options`):
+  ``int``, ``float``, ``bool``, ``str``, ``dict`` or a ``Literal`` of strings, each with a
+  default unless required, its help text in ``field(metadata={"help": ...})``.
+* ``build(options, run) -> workloads.steps.Workload``: the model, its fixed batch and its step.
+  ``run`` (:class:`RunSettings`) carries what every workload shares: dtype, device, seed and
+  the speed settings (compile, CUDA graphs, optimizer, SDPA backend).
+* ``needs(options) -> (host MB, minutes)``: optional, what a job of it reserves on a cluster.
+* ``check(options) -> str | None``: optional, a problem found before any job starts.
+
+A workload module imports torch inside ``build``, not at its top: the pipeline reads every
+``Options`` when it parses a config, and a torch import there would cost every Snakemake start.
+Modules without them (the example models' factories) are not workloads and are not
+imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib
+import json
+import pkgutil
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+PACKAGE = __name__
+
+
+@dataclass
+class RunSettings:
+    """What every workload's build gets besides its own options."""
+
+    dtype: str
+    device: Any  # torch.device
+    seed: int
+    speed: Any  # workloads.steps.Speed
+    wrap: Callable[[Any], Any] | None = None  # DDP/FSDP wrapper (workloads/parallel.py)
+
+
+@cache
+def registry() -> dict[str, types.ModuleType]:
+    """Workload name -> module, for every module of this folder that defines Options and
+    build."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        # read before importing: the example models import torch (and more) at their top
+        if _defines_workload(Path(__path__[0]) / f"{info.name}.py"):
+            found[info.name] = importlib.import_module(f"{PACKAGE}.{info.name}")
+    return found
+
+
+def _defines_workload(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    names = {node.name for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    return {"Options", "build"} <= names
+
+
+def options_of(workload: str, values: dict[str, Any]) -> Any:
+    """The workload's Options from a mapping (e.g. argparse's namespace), unknown keys
+    ignored."""
+    cls = registry()[workload].Options
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(hint))}
+    if origin in (typing.Union, types.UnionType):  # X | None: X's schema
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _json_type(args[0])
+    base = origin or hint
+    for kind, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                       (dict, "object"), (list, "array")):
+        if base is kind:
+            return {"type": name}
+    raise TypeError(f"unsupported option type {hint!r}")
+
+
+def options_schema(cls: type) -> dict[str, Any]:
+    """A JSON schema of the workload's options (its own keys; the run schema adds the
+    shared ones)."""
+    hints = _hints(cls)
+    properties, required = {}, []
+    for f in dataclasses.fields(cls):
+        prop = _json_type(hints[f.name])
+        if f.metadata.get("minimum") is not None:
+            prop["minimum"] = f.metadata["minimum"]
+        if f.metadata.get("help"):
+            prop["description"] = f.metadata["help"]
+        properties[f.name] = prop
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+    return {"properties": properties, "required": required}
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type,
+                flag: Callable[..., None], parse_bool: Callable[[str], bool]) -> None:
+    """One command-line flag per option (``flag`` adds both spellings of a name)."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        schema = _json_type(hints[f.name])
+        kwargs: dict[str, Any] = {"help": f.metadata.get("help")}
+        if f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = f.default_factory()
+        else:
+            kwargs["required"] = True
+        if "enum" in schema:
+            kwargs["choices"] = schema["enum"]
+        else:
+            kwargs["type"] = {"boolean": parse_bool, "integer": int, "number": float,
+                              "string": str, "object": _json_object,
+                              "array": json.loads}[schema["type"]]
+        flag(parser, f.name, **kwargs)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value

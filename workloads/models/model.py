@@ -1,0 +1,111 @@
+"""``workload: model``: your own PyTorch model, named by its factory, through profbench's step.
+
+    runs:
+      my_cnn: {workload: model, factory: "path/to/my_cnn.py:make", kwargs: {width: 64},
+               batch: 32, mode: train, dtype: bf16}
+
+The factory returns the model, a batch maker and a loss (workloads/models/parts.py);
+profbench owns the step around them, so dtype, torch.compile, ``cuda_graph: step``, the AdamW
+variants, the SDPA backend and ``ops`` apply as to the built-in GPT. Each module down to
+``module_depth`` gets an NVTX range in forward and in backward (workloads/module_ranges.py);
+the analysis turns them into the run's module table. FLOPs come from PyTorch's
+FlopCounterMode on one step before the warm-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+# What a job of a model reserves on a cluster unless the run says (host MB, minutes).
+DEFAULT_NEEDS = (16000, 20)
+
+
+@dataclass
+class Options:
+    factory: str = field(metadata={"help": "the factory: 'package.module:function' or "
+                                   "'path/to/file.py:function' (docs/workloads.md)"})
+    kwargs: dict = field(default_factory=dict,
+                         metadata={"help": "keyword arguments of the factory"})
+    batch: int = field(default=1, metadata={"help": "batch size given to the batch maker",
+                                            "minimum": 1})
+    mode: Literal["forward", "forward_backward", "train"] = "forward"
+    optimizer: Literal["adamw_foreach", "adamw_fused", "adamw_master"] = field(
+        default="adamw_foreach", metadata={"help": "train only: PyTorch's multi-tensor AdamW, "
+                                           "its fused kernel, or the flat master-weight AdamW"})
+    channels_last: bool = field(default=False, metadata={
+        "help": "the model's weights and its 4-D inputs in channels-last memory format"})
+    module_depth: int | None = field(default=None, metadata={
+        "help": "NVTX ranges for every module path of at most this many components, in "
+                "forward and backward: the module table's rows (0: none; default: one below "
+                "the layers, to their sublayers, else 3)", "minimum": 0})
+    layers: str = field(default="", metadata={
+        "help": "'|'-separated globs of the module paths that are layers (e.g. 'layers.*'); "
+                "default: the factory's structure"})
+    sublayers: str = field(default="", metadata={
+        "help": "'|'-separated globs of a layer's parts by their last name (e.g. "
+                "'attn|ffn|ln*'); default: the factory's structure"})
+    compile_blocks: Literal["each", "regional"] = field(default="each", metadata={
+        "help": "with compile: each = the whole model in one compiled graph; regional = each "
+                "layer (the structure's) compiled on its own, the rest eager"})
+
+
+def needs(options: Options) -> tuple[float, float]:
+    """Host MB and minutes of one job: a factory's model is not known before it runs."""
+    return DEFAULT_NEEDS
+
+
+def check(options: Options) -> tuple[str, str] | None:
+    """(key, problem) before any job starts: the factory must import and be callable."""
+    try:
+        load_factory(options.factory)
+    except FactoryError as err:
+        return "factory", str(err)
+    return None
+
+
+class FactoryError(ValueError):
+    """A factory that cannot be found, imported or used."""
+
+
+def load_factory(spec: str) -> Any:
+    """The callable named by ``module:attr`` or ``file.py:attr``."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise FactoryError(f"factory {spec!r}: expected 'package.module:function' or "
+                           "'path/to/file.py:function'")
+    try:
+        module = _import_file(target) if target.endswith(".py") else importlib.import_module(
+            target)
+    except FactoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any import error is the user's to see
+        raise FactoryError(f"factory {spec!r}: importing {target!r} failed: "
+                           f"{type(err).__name__}: {err}") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise FactoryError(f"factory {spec!r}: {target!r} has no callable {attr!r}")
+    return fn
+
+
+def _import_file(path: str) -> Any:
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FactoryError(f"factory file {path!r} does not exist")
+    name = f"profbench_factory_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(options: Options, run: Any) -> Any:
+    """The model's step (workloads.steps.Workload) from its factory's parts."""
+    from workloads.steps import build_model_step
+
+    return build_model_step(options, run, load_factory(options.factory))

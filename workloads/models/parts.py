@@ -1,0 +1,72 @@
+"""What a model factory returns: the model, a batch maker and a loss (docs/workloads.md).
+
+A factory is any callable ``make(**kwargs)`` named in a config (``factory: pkg.mod:make`` or
+``factory: path/to/file.py:make``); profbench owns the step around what it returns, so every
+knob (dtype, torch.compile, CUDA graphs, the AdamW variants, DDP/FSDP, op ranges) applies.
+
+It returns a :class:`ModelParts`, or the tuple ``(model, make_batch, loss)``:
+
+* ``model``: an ``nn.Module`` on any device (profbench moves it);
+* ``make_batch(batch_size, device)``: ``(inputs, targets)``; ``inputs`` is a tensor (called as
+  ``model(inputs)``), a tuple (``model(*inputs)``) or a dict (``model(**inputs)``);
+* ``loss(output, targets)``: a scalar tensor, or ``None`` for a forward-only model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the analysis reads Structure without torch
+    from torch import nn
+
+Batch = tuple[Any, Any]
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Which module paths are layers and sublayers, as ``|``-separated globs over
+    ``named_modules()`` paths: ``layers="layers.*"`` makes ``layers.0``, ``layers.1``, ... the
+    layers (the outermost match wins), ``sublayers="attn|ffn|ln*"`` names a layer's parts by
+    their last path component. Empty: no layers (the module table still lists modules)."""
+
+    layers: str = ""
+    sublayers: str = ""
+
+    def layer_of(self, path: str) -> str | None:
+        """The outermost layer path that ``path`` is, or lies inside; None outside layers."""
+        if not self.layers:
+            return None
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if _matches(prefix, self.layers):
+                return prefix
+        return None
+
+    def sublayer_of(self, path: str) -> str | None:
+        """The sublayer name (the first component below the layer that matches
+        ``sublayers``) of a path inside a layer; None otherwise."""
+        layer = self.layer_of(path)
+        if layer is None or not self.sublayers or path == layer:
+            return None
+        for part in path[len(layer) + 1:].split("."):
+            if _matches(part, self.sublayers):
+                return part
+        return None
+
+
+@dataclass
+class ModelParts:
+    model: nn.Module
+    make_batch: Callable[..., Batch]
+    loss: Callable[[Any, Any], Any] | None = None
+    structure: Structure | None = None
+    # what one batch element counts for in the throughput column (tokens of a language model)
+    items_per_sample: int = 1
+
+
+def _matches(name: str, globs: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, g.strip()) for g in globs.split("|") if g.strip())
