@@ -11,8 +11,13 @@ in several sub-folders of one side is one run whose processes are pooled (docs/d
 
 Step times come from the untraced timing processes; a side without them falls back to its
 traced ``times.json`` (``*_timing_source: traced``, indicative only). The ratio ``old / new``
-and its CI are :func:`analysis.metrics.timing.speedup`'s; the verdict is ``faster`` /
-``slower`` only when the CI excludes 1 AND the change exceeds ``--threshold`` (default 5%).
+and its CI are :func:`analysis.metrics.timing.speedup`'s; the verdict is ``slower`` /
+``faster`` only when the two sides' CIs separate AND the change exceeds the run's noise floor
+(:mod:`analysis.outputs.diff_noise`), else ``within noise``.
+
+Exit status: 0; 1 only with ``--fail-on-slower PCT`` and a run ``slower`` by more than PCT
+percent; 2 on unusable input (not a results folder, no summary.csv, no run in common), with a
+one-line ``error:`` on stderr.
 
 Writes to DIR: ``runs.csv``, ``provenance.csv``, ``categories.csv``, ``kernels.csv``,
 ``ranges.csv``, ``summary.md`` (a pull-request comment) and ``ratios.png``.
@@ -21,17 +26,20 @@ Writes to DIR: ``runs.csv``, ``provenance.csv``, ``categories.csv``, ``kernels.c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis.metrics.phases import STEP_RANGE
 from analysis.metrics.phases import _kind as range_kind
 from analysis.metrics.timing import speedup, summarize
+from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, WITHIN_NOISE, Side, noise_floor
+from analysis.outputs.diff_noise import verdict as noise_verdict
 from analysis.outputs.runs import OK, Timing, read_json, read_timing, step_times
 
 DEFAULT_THRESHOLD_PCT = 5.0
@@ -46,12 +54,23 @@ STEP_KINDS = {"step", "other"}
 RUN_COLUMNS = [
     "run", "presence", "status", "verdict", "old_ms", "old_ci_low_ms", "old_ci_high_ms",
     "new_ms", "new_ci_low_ms", "new_ci_high_ms", "change_pct", "speedup", "speedup_ci_low",
-    "speedup_ci_high", "significant", "old_timing_source", "new_timing_source",
+    "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
+    "new_noise_pct", "old_timing_source", "new_timing_source",
     "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
 ]  # fmt: skip
 EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
                    "share_of_change"]
-VERDICT_ORDER = {"slower": 0, "faster": 1, "same": 2}
+VERDICT_ORDER = {v: i for i, v in enumerate(VERDICTS)}
+NUMERIC_COLUMNS = [
+    "old_ms", "old_ci_low_ms", "old_ci_high_ms", "new_ms", "new_ci_low_ms", "new_ci_high_ms",
+    "change_pct", "speedup", "speedup_ci_low", "speedup_ci_high", "noise_floor_pct",
+    "old_noise_pct", "new_noise_pct",
+]  # fmt: skip
+
+
+class UnusableInput(ValueError):
+    """Input the diff cannot compare (exit status 2): not a results folder, no summary.csv,
+    no run in common."""
 
 
 # --- reading one side -------------------------------------------------------------------------
@@ -92,13 +111,36 @@ def is_run_dir(path: Path) -> bool:
 def find_runs(root: Path) -> dict[str, Run]:
     """Run folders under ``root`` (directly, under ``runs/``, or in sub-folders), by name."""
     if not root.is_dir():
-        raise ValueError(f"{root}: not a results folder")
+        raise UnusableInput(f"{root}: not a results folder (no such folder)")
     runs: dict[str, Run] = {}
     for path in _run_dirs(root, 0):
         runs.setdefault(path.name, Run(path.name)).dirs.append(path)
     if not runs:
-        raise ValueError(f"{root}: no runs found (no <run>/times.json or <run>/timing/)")
+        raise UnusableInput(f"{root}: no runs found (no <run>/times.json or <run>/timing/)")
     return runs
+
+
+def check_summaries(root: Path, runs: dict[str, Run], side: str) -> None:
+    """Every run folder has a summary.csv in a folder between it and ``root`` (``root``
+    included): the mark of a pipeline run that finished. Runs without one (a pipeline cut
+    short, a folder of loose timing records) would be compared against a complete side and
+    the runs they lack reported as removed."""
+    bare = sorted({str(d.parent.relative_to(root)) for run in runs.values() for d in run.dirs
+                   if not _has_summary(root, d)})
+    if bare:
+        where = "" if bare == ["."] else f" over the runs in {', '.join(f'{b}/' for b in bare)}"
+        raise UnusableInput(f"{side} folder {root}: no summary.csv{where} (not a finished "
+                            "results folder)")
+
+
+def _has_summary(root: Path, run_dir: Path) -> bool:
+    folder = run_dir.parent
+    while True:
+        if (folder / "summary.csv").is_file():
+            return True
+        if folder == root or folder == folder.parent:
+            return False
+        folder = folder.parent
 
 
 def _run_dirs(folder: Path, depth: int) -> list[Path]:
@@ -193,15 +235,12 @@ def _cpu_ranges(run: Run, phases: pd.DataFrame | None) -> pd.Series | None:
 # --- comparing --------------------------------------------------------------------------------
 
 
-def verdict(ratio: float, significant: bool, threshold: float) -> str:
-    """faster / slower when the CI excludes 1 and the speed-up factor exceeds 1 + threshold."""
-    if not significant:
-        return "same"
-    if ratio >= 1 + threshold:
-        return "faster"
-    if 1 / ratio >= 1 + threshold:
-        return "slower"
-    return "same"
+def side_stats(per_process_ms: list[list[float]]) -> tuple[Side, int]:
+    """A side's estimate, 95% CI and per-process medians (the verdict's input), and its
+    process count."""
+    s = summarize(per_process_ms)
+    medians = tuple(float(np.median(p)) for p in per_process_ms if len(p))
+    return Side(s.median_ms, s.ci_low_ms, s.ci_high_ms, medians), s.processes
 
 
 def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> dict[str, Any]:
@@ -220,15 +259,17 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
     if failed:
         row["status"] = "; ".join(failed)
         return row
-    so, sn = summarize(ot.per_process_ms), summarize(nt.per_process_ms)
+    (so, old_n), (sn, new_n) = side_stats(ot.per_process_ms), side_stats(nt.per_process_ms)
     s = speedup(ot.per_process_ms, nt.per_process_ms)
     row.update(
         status=OK, old_ms=so.median_ms, old_ci_low_ms=so.ci_low_ms, old_ci_high_ms=so.ci_high_ms,
         new_ms=sn.median_ms, new_ci_low_ms=sn.ci_low_ms, new_ci_high_ms=sn.ci_high_ms,
         change_pct=(sn.median_ms / so.median_ms - 1) * 100, speedup=s.ratio,
         speedup_ci_low=s.ci_low, speedup_ci_high=s.ci_high, significant=s.significant,
-        verdict=verdict(s.ratio, s.significant, threshold), old_processes=so.processes,
-        new_processes=sn.processes,
+        cis_separate=sn.ci_low_ms > so.ci_high_ms or so.ci_low_ms > sn.ci_high_ms,
+        noise_floor_pct=noise_floor(so, sn, threshold) * 100,
+        old_noise_pct=so.process_noise_rel * 100, new_noise_pct=sn.process_noise_rel * 100,
+        verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
     )  # fmt: skip
     return row
 
@@ -369,9 +410,11 @@ def apply_pairs(old_runs: dict[str, Any], new_runs: dict[str, Any],
     old_runs = dict(old_runs)
     for old_name, new_name in pairs.items():
         if old_name not in old_runs:
-            raise ValueError(f"--pair {old_name}={new_name}: no run {old_name!r} in the old folder")
+            raise UnusableInput(f"--pair {old_name}={new_name}: no run {old_name!r} in the old "
+                                "folder")
         if new_name not in new_runs:
-            raise ValueError(f"--pair {old_name}={new_name}: no run {new_name!r} in the new folder")
+            raise UnusableInput(f"--pair {old_name}={new_name}: no run {new_name!r} in the new "
+                                "folder")
         label = f"{old_name}={new_name}"
         old_runs[label] = old_runs.pop(old_name)
         new_runs[label] = new_runs.pop(new_name)
@@ -380,18 +423,28 @@ def apply_pairs(old_runs: dict[str, Any], new_runs: dict[str, Any],
 
 def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
             pairs: dict[str, str] | None = None) -> Diff:
-    """Match the runs of two results folders and explain every changed one."""
+    """Match the runs of two results folders and explain every changed one. Raises
+    :class:`UnusableInput` when either folder is not a finished results folder or the two
+    have no run in common (``pairs`` included)."""
     old_runs, new_runs = find_runs(old), find_runs(new)
+    check_summaries(old, old_runs, "old")
+    check_summaries(new, new_runs, "new")
     old_runs = apply_pairs(old_runs, new_runs, pairs or {})
+    if not set(old_runs) & set(new_runs):
+        raise UnusableInput(f"no run in common: old {old} has {len(old_runs)} runs, new {new} "
+                            f"{len(new_runs)}, none of the same name (--pair OLD_RUN=NEW_RUN "
+                            "compares renamed runs)")
     threshold = threshold_pct / 100
     names = sorted(set(old_runs) | set(new_runs))
     rows = [run_row(n, old_runs.get(n), new_runs.get(n), threshold) for n in names]
-    runs = _sorted_runs(pd.DataFrame(rows, columns=RUN_COLUMNS))
+    runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    runs[NUMERIC_COLUMNS] = runs[NUMERIC_COLUMNS].astype(float)  # None when no side measured
+    runs = _sorted_runs(runs)
     counts = ["old_processes", "new_processes", "old_folders", "new_folders"]
     runs[counts] = runs[counts].astype("Int64")
     explanations = {}
     for row in runs.itertuples():
-        if row.verdict in ("faster", "slower"):
+        if row.verdict in (FASTER, SLOWER):
             explanations[row.run] = explain_run(old_runs[row.run], new_runs[row.run],
                                                 row.new_ms - row.old_ms)
     prov = provenance_table(side_provenance(old, old_runs), side_provenance(new, new_runs))
@@ -399,7 +452,8 @@ def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
 
 
 def _sorted_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Slower first (worst first), then faster, then same, then failed and one-sided runs."""
+    """Slower first (worst first), then faster, then within noise, then failed and one-sided
+    runs."""
     rank = runs["verdict"].map(VERDICT_ORDER).fillna(3)
     presence = (runs["presence"] != "both").astype(int)
     magnitude = -(runs["change_pct"].abs().fillna(0))
@@ -423,9 +477,8 @@ def explanation_csv(diff: Diff, part: str, key: str) -> pd.DataFrame:
 
 
 def slower_runs(runs: pd.DataFrame, fail_pct: float) -> pd.DataFrame:
-    """Runs reported ``slower`` whose step time grew by at least ``fail_pct`` percent."""
-    slower = runs[(runs["verdict"] == "slower") & (runs["change_pct"] >= fail_pct)]
-    return slower
+    """Runs reported ``slower`` whose step time grew by more than ``fail_pct`` percent."""
+    return runs[(runs["verdict"] == SLOWER) & (runs["change_pct"] > fail_pct)]
 
 
 def write_diff(
@@ -434,7 +487,8 @@ def write_diff(
     pairs: dict[str, str] | None = None,
 ) -> int:
     """Write the CSVs, summary.md and ratios.png; 1 when ``fail_on_slower`` (percent) is set
-    and a run is slower by at least that much, else 0."""
+    and a run is ``slower`` by more than that, else 0. Raises :class:`UnusableInput` (exit
+    status 2 on the command line) before writing anything when the input cannot be compared."""
     diff = compare(Path(old), Path(new), threshold_pct, pairs)
     outdir.mkdir(parents=True, exist_ok=True)
     diff.runs.to_csv(outdir / "runs.csv", index=False)
@@ -474,7 +528,8 @@ def _cell(text: object, width: int = 60) -> str:
 def markdown(diff: Diff, top: int = DEFAULT_TOP) -> str:
     """The pull-request comment: provenance differences, then per-run verdicts, then what
     explains each changed run."""
-    lines = [f"## profbench diff: `{diff.old}` → `{diff.new}`", "", _headline(diff.runs), ""]
+    lines = [f"## profbench diff: `{diff.old}` → `{diff.new}`", "",
+             headline(diff.runs, bold=True), ""]
     lines += _provenance_md(diff.provenance) + _timing_source_md(diff.runs)
     lines += _runs_md(diff.runs, diff.threshold) + _one_sided_md(diff.runs)
     for run, exp in diff.explanations.items():
@@ -483,15 +538,17 @@ def markdown(diff: Diff, top: int = DEFAULT_TOP) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _headline(runs: pd.DataFrame) -> str:
+def headline(runs: pd.DataFrame, bold: bool = False) -> str:
+    """Runs matched and their verdicts, failed ones, and the runs of one side only."""
     both = runs[runs["presence"] == "both"]
     counts = both["verdict"].value_counts()
-    parts = [f"{counts.get(v, 0)} {v}" for v in ("slower", "faster", "same")]
+    parts = [f"{counts.get(v, 0)} {v}" for v in VERDICTS]
     failed = int((both["status"].notna() & (both["status"] != OK)).sum())
     only_old = int((runs["presence"] == "old_only").sum())
     only_new = int((runs["presence"] == "new_only").sum())
-    return (f"**{len(both)} runs matched**: {', '.join(parts)}, {failed} failed on a side; "
-            f"{only_old} only in old, {only_new} only in new.")
+    matched = f"{len(both)} run{'' if len(both) == 1 else 's'} matched"
+    return (f"{f'**{matched}**' if bold else matched}: {', '.join(parts)}, {failed} failed on "
+            f"a side; {only_old} only in old, {only_new} only in new.")
 
 
 def _provenance_md(prov: pd.DataFrame) -> list[str]:
@@ -527,19 +584,23 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
     rows = []
     for r in both.itertuples():
         if r.status != OK:
-            rows.append([f"`{r.run}`", "–", "–", "–", "–", f"failed ({r.status})",
+            rows.append([f"`{r.run}`", "–", "–", "–", "–", "–", f"failed ({r.status})",
                          _cell(r.params_changed or "", 40)])
             continue
         rows.append([
             f"`{r.run}`", _ci_ms(r.old_ms, r.old_ci_low_ms, r.old_ci_high_ms),
             _ci_ms(r.new_ms, r.new_ci_low_ms, r.new_ci_high_ms), _pct(r.change_pct),
             f"{r.speedup:.3f} [{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]",
-            _verdict_md(r.verdict), _cell(r.params_changed or "", 40),
+            f"{r.noise_floor_pct:.0f}%", _verdict_md(r.verdict),
+            _cell(r.params_changed or "", 40),
         ])
     header = ["run", "old ms [95% CI]", "new ms [95% CI]", "change", "old/new [95% CI]",
-              "verdict", "changed params"]
-    note = (f"Verdict: `faster`/`slower` when the ratio's 95% CI excludes 1 and the change "
-            f"exceeds {threshold:.0%}; otherwise `same` (within noise).")
+              "noise floor", "verdict", "changed params"]
+    note = ("Verdict: `slower`/`faster` only when the two 95% CIs do not overlap **and** the "
+            "change (as a factor, new/old or old/new, minus 1) exceeds the run's noise floor: "
+            f"the largest of the threshold ({threshold:.0%}), either side's relative CI "
+            "half-width and either side's process noise (99% Student-t half-width over its "
+            "per-process medians); otherwise `within noise` (not shown to have changed).")
     return ["### Step time per run", "", *_table(header, rows), "", note, ""]
 
 
@@ -548,7 +609,7 @@ def _ci_ms(ms: float, low: float, high: float) -> str:
 
 
 def _verdict_md(verdict: str) -> str:
-    return {"slower": "**slower**", "faster": "**faster**"}.get(verdict, verdict)
+    return {SLOWER: "**slower**", FASTER: "**faster**"}.get(verdict, verdict)
 
 
 def _one_sided_md(runs: pd.DataFrame) -> list[str]:
@@ -607,7 +668,7 @@ def _share(value: float | None) -> str:
 # --- figure -----------------------------------------------------------------------------------
 
 
-COLORS = {"faster": "tab:green", "slower": "tab:red", "same": "tab:gray"}
+COLORS = {FASTER: "tab:green", SLOWER: "tab:red", WITHIN_NOISE: "tab:gray"}
 
 
 def plot_ratios(runs: pd.DataFrame, path: Path) -> None:
@@ -646,10 +707,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("new", type=Path, help="results folder to compare with it")
     parser.add_argument("-o", "--outdir", type=Path, required=True)
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT,
-                        metavar="PCT", help="smallest change reported as faster/slower "
-                        f"(percent, default {DEFAULT_THRESHOLD_PCT:g})")
+                        metavar="PCT", help="smallest change reported as faster/slower, "
+                        "however quiet the run (percent, default "
+                        f"{DEFAULT_THRESHOLD_PCT:g}); noisier runs need more (docs/diff.md)")
     parser.add_argument("--fail-on-slower", type=float, default=None, metavar="PCT",
-                        help="exit 1 when a run is slower by at least PCT percent")
+                        help="exit 1 when a run is slower (beyond noise) by more than PCT "
+                        "percent")
     parser.add_argument("--top", type=int, default=DEFAULT_TOP,
                         help="rows per table in summary.md")
     parser.add_argument("--pair", action="append", default=[], metavar="OLD=NEW",
@@ -665,7 +728,9 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """0, or 1 when --fail-on-slower trips, or 2 on bad input (one-line error on stderr)."""
+    """0; 1 only when --fail-on-slower trips; 2 on unusable input (a one-line ``error:`` on
+    stderr) and on any other error (its traceback, then that line): a crash never reads as
+    a slowdown."""
     try:
         pairs = dict(_pair(p) for p in args.pair)
         code = write_diff(args.old, args.new, args.outdir, args.fail_on_slower,
@@ -673,11 +738,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # a bug or an unreadable file: exit 2, never the gate's 1
+        traceback.print_exc()
+        print(f"error: analysis diff failed ({type(err).__name__}: {err}); no verdict",
+              file=sys.stderr)
+        return 2
     runs = pd.read_csv(args.outdir / "runs.csv")
-    print(f"wrote {args.outdir}: {len(runs)} runs; "
-          + json.dumps(runs["verdict"].value_counts().to_dict()))
+    print(f"wrote {args.outdir}: {headline(runs)}")
+    for presence, title in (("old_only", "only in old"), ("new_only", "only in new")):
+        names = list(runs.loc[runs["presence"] == presence, "run"])
+        if names:
+            print(f"{title} ({len(names)}): {', '.join(names)}")
     if code:
-        print(f"slower by >= {args.fail_on_slower:g}%: "
+        print(f"slower by more than {args.fail_on_slower:g}%: "
               + ", ".join(slower_runs(runs, args.fail_on_slower)["run"]), file=sys.stderr)
     return code
 

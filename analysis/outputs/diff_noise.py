@@ -1,0 +1,104 @@
+"""The verdict of ``analysis diff`` for one run: ``slower``, ``faster`` or ``within noise``.
+
+A run is timed by a few processes (2-3 by default) of a few steps each. Its 95% CI (the
+hierarchical bootstrap of :mod:`analysis.metrics.timing`) covers step-to-step noise well but
+process-to-process noise badly: with three processes a resample hardly reaches past the
+slowest or fastest process, so the interval is about as wide as the processes' own spread,
+however little three processes say about the next three. Two pipeline runs on the same GPU and
+software then differ by more than their CIs allow, and a diff of 90 runs finds a handful of
+"regressions" in noise alone.
+
+The rule (``verdict``) therefore asks for two things, in the spirit of asv (its ``compare``
+needs non-overlapping 99% intervals when there are too few samples for a rank test; its
+regression detection needs a step to clear the noise estimate):
+
+1. **the CIs separate**: slower needs NEW's CI low above OLD's CI high (faster: the reverse);
+2. **the change clears the noise floor**: the factor ``new / old`` (slower) or ``old / new``
+   (faster), minus 1, exceeds the run's ``noise_floor``: the largest of
+
+   * the threshold (``--threshold``, the smallest change worth reporting);
+   * each side's CI half-width relative to its estimate (step noise);
+   * each side's *process noise*: the half-width of a 99% Student-t interval over its
+     per-process median step times, ``t(0.995, n-1) * sd / sqrt(n)``, relative to the
+     estimate. Student's t charges the few processes what they are worth (n = 2: t = 63.7,
+     n = 3: 9.9, n = 10: 3.2); a side with one process has no process noise to measure (its
+     floor is the other terms, and the diff says a traced side is indicative only).
+
+Anything else is ``within noise``: not "unchanged", but not shown to have changed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
+VERDICTS = (SLOWER, FASTER, WITHIN_NOISE)
+NOISE_CONFIDENCE = 0.99
+# Student's t, two-sided 99% (the 0.995 quantile), by degrees of freedom.
+T_995 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055,
+         3.012, 2.977, 2.947, 2.921, 2.898, 2.878, 2.861, 2.845, 2.831, 2.819, 2.807, 2.797,
+         2.787, 2.779, 2.771, 2.763, 2.756, 2.750)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's step time of a run, in ms: the estimate, its 95% CI and the median step
+    time of each of its processes."""
+
+    median_ms: float
+    ci_low_ms: float
+    ci_high_ms: float
+    process_medians_ms: tuple[float, ...]
+
+    @property
+    def ci_half_width_rel(self) -> float:
+        return (self.ci_high_ms - self.ci_low_ms) / 2 / self.median_ms
+
+    @property
+    def process_noise_rel(self) -> float:
+        return process_noise(self.process_medians_ms, self.median_ms)
+
+
+def t_quantile_995(df: int) -> float:
+    """Student's t 0.995 quantile: the table to 30 degrees of freedom, then the Cornish-Fisher
+    expansion around the normal quantile (within 0.001 of the exact value beyond 30)."""
+    if df < 1:
+        raise ValueError(f"t quantile: {df} degrees of freedom")
+    if df <= len(T_995):
+        return T_995[df - 1]
+    z = statistics.NormalDist().inv_cdf(0.995)
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def process_noise(process_medians_ms: Sequence[float], estimate_ms: float) -> float:
+    """Half-width of a 99% Student-t interval over the per-process medians, relative to
+    ``estimate_ms``; 0 with fewer than two processes (nothing to measure it from)."""
+    n = len(process_medians_ms)
+    if n < 2 or not estimate_ms > 0:
+        return 0.0
+    sd = statistics.stdev(process_medians_ms)
+    return t_quantile_995(n - 1) * sd / math.sqrt(n) / estimate_ms
+
+
+def noise_floor(old: Side, new: Side, threshold: float) -> float:
+    """The smallest relative change (a factor minus 1) this run can show: the largest of the
+    threshold, either side's relative CI half-width and either side's process noise."""
+    return max(threshold, old.ci_half_width_rel, new.ci_half_width_rel,
+               old.process_noise_rel, new.process_noise_rel)
+
+
+def verdict(old: Side, new: Side, threshold: float) -> str:
+    """``slower`` when NEW's CI lies above OLD's (``new.ci_low > old.ci_high``) AND
+    ``new / old - 1`` exceeds :func:`noise_floor`; ``faster`` when OLD's CI lies above NEW's
+    AND ``old / new - 1`` exceeds it; else ``within noise``. ``threshold`` is a fraction
+    (0.05 for 5%). Pure: the same numbers always give the same verdict."""
+    floor = noise_floor(old, new, threshold)
+    if new.ci_low_ms > old.ci_high_ms and new.median_ms / old.median_ms - 1 > floor:
+        return SLOWER
+    if old.ci_low_ms > new.ci_high_ms and old.median_ms / new.median_ms - 1 > floor:
+        return FASTER
+    return WITHIN_NOISE
