@@ -2,14 +2,18 @@
 ``module:layers.0.attn``), for every module of ``named_modules()`` down to a depth.
 
 Forward: a push in the module's forward pre-hook, a pop in its forward hook (the caller's
-thread). Backward runs on autograd's thread, in an order only autograd knows, so the range is
-opened and closed by autograd itself: pass-through ``autograd.Function`` s (the xformers
-profiler's technique) around the module's outputs, whose backward opens the range when the
-gradient reaches the module, and around its inputs, whose backward closes it when the gradient
-leaves. These are start/end ranges (they may begin and end on different threads). A module
-whose inputs need no gradient (the first ones: an embedding, a stem) has nothing to close its
-range: :meth:`ModuleRanges.close_open` ends those when backward returns, when autograd has
-nothing left to run.
+thread). Backward runs on autograd's thread, in an order only autograd knows, so autograd
+itself opens and closes the range: a gradient hook on each output opens it when the gradient
+reaches the module, one on each input closes it when the input's gradient is complete, i.e.
+the module's backward is done. Each input the module gets is its own view of the caller's
+tensor, so a tensor shared with a sibling (a residual block's input, feeding ``conv1`` and
+``downsample``) closes each sibling's range at its own end. Tensor hooks and views, not
+pass-through ``autograd.Function`` s: a custom Function's outputs are views that in-place ops
+(``ReLU(inplace=True)``) may not modify. These are
+start/end ranges (they may begin and end on different threads). A module whose inputs need no
+gradient (the first ones: an embedding, a stem) has nothing to close its range:
+:meth:`ModuleRanges.close_open` ends those when backward returns, when autograd has nothing
+left to run.
 
 While torch.compile traces, the hooks do nothing (no graph breaks): compiled code gets its
 module paths from Inductor's provenance instead (docs/analysis.md).
@@ -40,49 +44,42 @@ def module_paths(model: nn.Module, depth: int) -> list[tuple[str, nn.Module]]:
 class _Call:
     """One forward call of a module, as its backward sees it."""
 
-    __slots__ = ("name", "range_id", "owner")
+    __slots__ = ("name", "range_id", "owner", "done")
 
     def __init__(self, name: str, owner: ModuleRanges) -> None:
-        self.name, self.range_id, self.owner = name, None, owner
+        self.name, self.range_id, self.owner, self.done = name, None, owner, False
 
-    def open(self) -> None:
-        if self.range_id is None:
+    def open(self, _grad: torch.Tensor | None = None) -> None:
+        if self.range_id is None and not self.done:
             self.range_id = nvtx.start_range(self.name)
             self.owner.open_calls.add(self)
 
-    def close(self) -> None:
+    def close(self, _grad: torch.Tensor | None = None) -> None:
+        self.done = True
         if self.range_id is not None:
             nvtx.end_range(self.range_id)
             self.range_id = None
             self.owner.open_calls.discard(self)
 
 
-class _OpenInBackward(torch.autograd.Function):
-    """Identity on the module's outputs; its backward opens the module's range."""
-
-    @staticmethod
-    def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> Any:
-        ctx.call = call
-        return tensors if len(tensors) > 1 else tensors[0]
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        ctx.call.open()
-        return (None, *grads)
-
-
-class _CloseInBackward(torch.autograd.Function):
-    """Identity on the module's inputs; its backward closes the module's range."""
-
-    @staticmethod
-    def forward(ctx: Any, call: _Call, *tensors: torch.Tensor) -> Any:
-        ctx.call = call
-        return tensors if len(tensors) > 1 else tensors[0]
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        ctx.call.close()
-        return (None, *grads)
+def _own_views(values: Any, hook: Any) -> Any:
+    """``values`` with every tensor that needs a gradient replaced by a view of it whose
+    gradient hook is ``hook``: the view is this module's alone, so its gradient is complete
+    when this module's backward is (a tensor shared with a sibling, as a residual block's
+    input, completes only after both). A view costs no kernel."""
+    if isinstance(values, torch.Tensor):
+        if not values.requires_grad:
+            return values
+        view = values.view_as(values)
+        view.register_hook(hook)
+        return view
+    if isinstance(values, tuple) and hasattr(values, "_fields"):  # a namedtuple
+        return type(values)(*(_own_views(v, hook) for v in values))
+    if isinstance(values, list | tuple):
+        return type(values)(_own_views(v, hook) for v in values)
+    if isinstance(values, dict) and type(values) is dict:
+        return {k: _own_views(v, hook) for k, v in values.items()}
+    return values
 
 
 def _grad_tensors(values: Any) -> list[torch.Tensor]:
@@ -93,30 +90,6 @@ def _grad_tensors(values: Any) -> list[torch.Tensor]:
     if isinstance(values, dict):
         return [t for v in values.values() for t in _grad_tensors(v)]
     return []
-
-
-def _replace(values: Any, swap: dict[int, torch.Tensor]) -> Any:
-    if isinstance(values, torch.Tensor):
-        return swap.get(id(values), values)
-    if isinstance(values, tuple) and hasattr(values, "_fields"):  # a namedtuple
-        return type(values)(*(_replace(v, swap) for v in values))
-    if isinstance(values, list | tuple):
-        return type(values)(_replace(v, swap) for v in values)
-    if isinstance(values, dict):  # HF ModelOutput is a dict: keep its class
-        out = values.copy() if hasattr(values, "copy") else dict(values)
-        for k, v in values.items():
-            out[k] = _replace(v, swap)
-        return out
-    return values
-
-
-def _wrapped(fn: type[torch.autograd.Function], call: _Call, values: Any) -> Any:
-    tensors = _grad_tensors(values)
-    if not tensors:
-        return values
-    out = fn.apply(call, *tensors)
-    out = out if isinstance(out, tuple) else (out,)
-    return _replace(values, {id(t): o for t, o in zip(tensors, out, strict=True)})
 
 
 class ModuleRanges:
@@ -140,16 +113,19 @@ class ModuleRanges:
             calls.append(call)
             if not torch.is_grad_enabled():
                 return None
-            return _wrapped(_CloseInBackward, call, args), _wrapped(_CloseInBackward, call, kwargs)
+            # the gradient of the module's own view of an input is complete when its
+            # backward is done
+            return _own_views(args, call.close), _own_views(kwargs, call.close)
 
-        def after(_module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> Any:
+        def after(_module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
             if torch.compiler.is_compiling():
-                return None
+                return
             nvtx.pop_range()
             call = calls.pop()
-            if not torch.is_grad_enabled():
-                return None
-            return _wrapped(_OpenInBackward, call, output)
+            if torch.is_grad_enabled():
+                # the gradient reaching an output starts the module's backward
+                for tensor in _grad_tensors(output):
+                    tensor.register_hook(call.open)
 
         self.handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
         self.handles.append(module.register_forward_hook(after, with_kwargs=True))

@@ -470,6 +470,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
 
     _check_mode(options.mode, GPT_MODES, "model")
     device, speed = run.device, run.speed
+    torch.backends.cudnn.benchmark = options.cudnn_benchmark
     torch.manual_seed(run.seed)
     parts = model_parts(factory(**options.kwargs), options.factory)
     model = parts.model.to(device)

@@ -17,8 +17,8 @@ to their deepest common module). A path compiled below an eager module range (a 
 compiled on its own) is relative to that range's module. Paths deeper than the run's
 ``module_depth`` count for their ancestor at that depth.
 
-``module_coverage`` (metrics.json): the share of forward + backward GPU time launched inside
-some top-level module's range (on a CPU run, of forward + backward CPU time).
+``module_coverage`` (metrics.json): the share of forward + backward GPU time that some module
+holds (on a CPU run, of forward + backward CPU time).
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
                    key=_path_key)
     if not paths:
         return ModuleTable(Table(HEADER), {"module_coverage": None})
+    # the outermost modules with time of their own (a ModuleList is never called: its
+    # layers are the roots)
+    roots = {p for p in paths if not any(a in paths for a in _ancestors(p)[:-1])}
     steps = int(ranges.codes[STEP_RANGE].size)
     in_step = ranges.ops_inside(STEP_RANGE, ops)
     step_ns = int(ops.dur[in_step].sum())
@@ -92,7 +95,7 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
         inside = eager.get(path, np.zeros(ops.size, bool)) | _under(unique, codes, path)
         fwd_ns, bwd_ns = int(ops.dur[inside & fwd_op].sum()), int(ops.dur[inside & bwd_op].sum())
         cpu = _cpu_by_direction(ranges, PREFIX + path, fwd_win, bwd_win)
-        if "." not in path:
+        if path in roots:
             top |= inside
             top_cpu["fwd"] += cpu["fwd"]
             top_cpu["bwd"] += cpu["bwd"]

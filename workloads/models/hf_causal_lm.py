@@ -15,13 +15,14 @@ Needs transformers: ``pip install -e '.[models]'``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from workloads.models.parts import ModelParts, Structure
+from workloads.models.parts import ModelParts, Structure, import_torchvision
 
 ARCHS = ("gpt2", "llama")
 # Each decoder block is a layer; its attention, MLP and two norms are the sublayers.
@@ -48,6 +49,9 @@ def make(arch: str = "gpt2", n_layer: int = 12, n_embd: int = 768, n_head: int =
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
+
+        if importlib.util.find_spec("torchvision") is not None:
+            import_torchvision()  # transformers imports it whenever it is installed
     except ImportError as err:
         raise ImportError("workloads.models.hf_causal_lm needs transformers: "
                           "pip install -e '.[models]'") from err

@@ -39,6 +39,9 @@ class Options:
                                            "its fused kernel, or the flat master-weight AdamW"})
     channels_last: bool = field(default=False, metadata={
         "help": "the model's weights and its 4-D inputs in channels-last memory format"})
+    cudnn_benchmark: bool = field(default=False, metadata={
+        "help": "let cuDNN time its algorithms for each convolution shape and keep the "
+                "fastest (torch.backends.cudnn.benchmark)"})
     module_depth: int | None = field(default=None, metadata={
         "help": "NVTX ranges for every module path of at most this many components, in "
                 "forward and backward: the module table's rows (0: none; default: one below "

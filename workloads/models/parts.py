@@ -70,3 +70,36 @@ class ModelParts:
 
 def _matches(name: str, globs: str) -> bool:
     return any(fnmatch.fnmatchcase(name, g.strip()) for g in globs.split("|") if g.strip())
+
+
+_TORCHVISION_SCHEMAS: Any = None  # the torch.library that keeps the schemas below defined
+
+
+def import_torchvision() -> Any:
+    """``import torchvision``, also beside a CPU-only torch build.
+
+    PyPI's Linux torchvision wheels are built for the CUDA torch build. Beside a CPU-only one
+    (``torch==X+cpu``) their C++ operators do not load, and the import then fails on the fake
+    kernels torchvision registers for two of them, ``nms`` and ``qnms``, whether it has them
+    or not (pytorch/vision#9085). transformers imports torchvision whenever it is installed,
+    so it fails too. Defining those two operators' schemas lets the import through; the C++
+    operators (nms, roi_align, ...) stay unavailable, and no example model uses them.
+    """
+    global _TORCHVISION_SCHEMAS
+    import importlib
+    import sys
+
+    try:
+        return importlib.import_module("torchvision")
+    except RuntimeError as err:
+        if "torchvision::nms" not in str(err) or _TORCHVISION_SCHEMAS is not None:
+            raise
+    import torch
+
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "DEF")  # noqa: TOR901
+    for op in ("nms", "qnms"):
+        _TORCHVISION_SCHEMAS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) "
+                                    "-> Tensor")
+    return importlib.import_module("torchvision")

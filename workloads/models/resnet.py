@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workloads.models.parts import ModelParts, Structure
+from workloads.models.parts import ModelParts, Structure, import_torchvision
 
 DEPTHS = (18, 34, 50, 101, 152)
 # The batch maker's seed: every call, and every run, sees the same images and labels.
@@ -31,7 +31,7 @@ def make(depth: int = 50, image_size: int = 224, num_classes: int = 1000,
     if depth < 50 and width_per_group != 64:
         raise ValueError(f"ResNet-{depth} has basic blocks, which only take width_per_group 64")
     try:
-        from torchvision import models
+        models = import_torchvision().models
     except ImportError as err:
         raise ImportError("workloads.models.resnet needs torchvision: "
                           "pip install -e '.[models]'") from err
