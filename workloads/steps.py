@@ -329,7 +329,9 @@ def track_provenance() -> None:
 # The line a compiled node's stack trace gets with its module path (read back by
 # analysis/metrics/modules.py). A version in the pass's uuid keeps Inductor's cache honest.
 MODULE_PATH_LINE = "[profbench module {}]"
-_MODULE_PATHS_UUID = "profbench-module-paths-1"
+_MODULE_PATHS_UUID = "profbench-module-paths-2"
+# forward nodes' module paths by stack trace, for the backward graph compiled after them
+_PATH_BY_TRACE: dict[str, str] = {}
 
 
 def track_module_paths() -> None:
@@ -346,8 +348,14 @@ def track_module_paths() -> None:
             for node in graph.nodes:
                 stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
                 trace = node.meta.get("stack_trace")
-                if stack and trace is not None:
+                if trace is None:
+                    continue
+                if stack:
                     path = module_path(next(reversed(stack.values()))[0])
+                    _PATH_BY_TRACE[trace] = path
+                else:  # a backward node AOTAutograd gave no module: its forward's, by source
+                    path = _PATH_BY_TRACE.get(trace)
+                if path is not None:
                     node.meta["stack_trace"] = (trace.rstrip("\n") + "\n  "
                                                 + MODULE_PATH_LINE.format(path) + "\n")
 

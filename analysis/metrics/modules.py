@@ -13,7 +13,9 @@ starts in: on a CPU run that is where the time goes.
 Compiled code has no module ranges inside it: its kernels get the module path Inductor's
 provenance recorded for the nodes fused into them (the stack-trace line that
 workloads/steps.py ``track_module_paths`` adds; a kernel fusing nodes of several modules goes
-to their deepest common module). A path compiled below an eager module range (a layer
+to their deepest common module, or to the one most of them name when only the root holds
+them all; eager glue launched between compiled kernels follows the kernel before it). A path
+compiled below an eager module range (a layer
 compiled on its own) is relative to that range's module. Paths deeper than the run's
 ``module_depth`` count for their ancestor at that depth.
 
@@ -33,6 +35,7 @@ from analysis.metrics.attribution import Attribution
 from analysis.metrics.gpuops import GpuOps
 from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Ranges, _union
 from analysis.reading.export import Export
+from analysis.reading.torchtrace import UNHANDLED
 from analysis.reports.fmt import Table
 from workloads.models.parts import Structure
 
@@ -137,7 +140,30 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
         if outer and path != outer and not path.startswith(outer + "."):
             path = f"{outer}.{path}"
         out[op] = ".".join(path.split(".")[:depth]) if depth else path
+    _follow_launcher(ops, attribution, out)
     return out
+
+
+def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray) -> None:
+    """Give an op compiled code launched without provenance (eager glue between its kernels,
+    e.g. the sums after a mix-order reduction, or a kernel without a handle) the path of the
+    last compiled kernel with one that its thread launched before it."""
+    unhandled = np.zeros(ops.size, bool)
+    for op in np.flatnonzero(attribution.op_graph >= 0).tolist():
+        site = attribution.graphs[int(attribution.op_graph[op])].sites[int(attribution.op_site[op])]
+        unhandled[op] = site.handle.endswith(":" + UNHANDLED)
+    fillable = ((attribution.op_graph < 0) | unhandled) & (ops.launch >= 0)
+    if not fillable.any():
+        return
+    order = np.lexsort((ops.launch, ops.tid, ops.pid))
+    thread, last = None, ""
+    for op in order.tolist():
+        if (ops.pid[op], ops.tid[op]) != thread:
+            thread, last = (ops.pid[op], ops.tid[op]), ""
+        if paths[op]:
+            last = paths[op] if attribution.op_graph[op] >= 0 else last
+        elif fillable[op] and last:
+            paths[op] = last
 
 
 def _site_paths(traces: tuple[str, ...]) -> list[str]:
@@ -145,7 +171,9 @@ def _site_paths(traces: tuple[str, ...]) -> list[str]:
 
 
 def _common(paths: list[str]) -> str:
-    """The deepest module holding every path ("" when none, or only the root, does)."""
+    """The deepest module holding every path; when only the root holds them all (a kernel
+    fusing the end of one top-level module with the start of the next, or a weight tied
+    between two), the path most of them name."""
     if not paths:
         return ""
     split = [p.split(".") for p in set(paths)]
@@ -154,7 +182,9 @@ def _common(paths: list[str]) -> str:
         if len(set(parts)) != 1:
             break
         common.append(parts[0])
-    return ".".join(common)
+    if common:
+        return ".".join(common)
+    return max(sorted(set(paths)), key=paths.count)
 
 
 def _ancestors(path: str) -> list[str]:
@@ -171,6 +201,8 @@ def _under(unique: list[str], codes: np.ndarray, module: str) -> np.ndarray:
 
 def _windows(ranges: _Ranges, name: str) -> tuple[np.ndarray, np.ndarray]:
     i = ranges.codes.get(name, np.empty(0, np.int64))
+    if i.size == 0:  # e.g. a whole-step CUDA graph's replays: no phase ranges
+        return np.empty(0, np.int64), np.empty(0, np.int64)
     return _union(ranges.start[i], ranges.end[i])
 
 

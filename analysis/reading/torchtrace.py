@@ -39,6 +39,8 @@ _HANDLE = re.compile(r"#\s*\[Provenance debug handles\]\s*(\S+)\s*$")
 _ORIGINS = re.compile(
     r"#\s*Topologically Sorted Source Nodes:\s*\[(.*)\],\s*Original ATen:\s*\[(.*)\]")
 _DEF = re.compile(r"^(\s*)def (\w+)\(")
+_TRITON_RUN = re.compile(r"^\s*(triton_\w+)\.run\(")
+UNHANDLED = "unhandled"  # the handle number of a launch Inductor gave no provenance handle
 _PARTITION_CALL = re.compile(r"(?:self\.partitions\[(\d+)\]|\bpartition_(\d+))\(")
 _SUBGRAPH_CALL = re.compile(r"=\s*(\w*subgraph\w*)\(")  # buf1 = partitioned_fw_subgraph_0_0(
 TRITON_PREFIX = "triton_"
@@ -203,14 +205,22 @@ def launches(code: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...], int
             return  # a partition is called once, nothing calls itself: guard against odd code
         seen.add(name)
         origins: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        handled: str | None = None  # the kernel of the last handle, until its launch
         for line in bodies[name]:
             if m := _ORIGINS.search(line):
                 origins = (_split_list(m.group(1)), _split_list(m.group(2)))
             elif m := _HANDLE.search(line):
                 yield m.group(1), *origins, call
-                origins = ((), ())
+                origins, handled = ((), ()), m.group(1).rsplit(":", 1)[0]
             elif line.lstrip().startswith("#"):
                 continue
+            elif m := _TRITON_RUN.match(line):
+                # a launch without a handle (e.g. a "mix order reduction" kernel): a site
+                # all the same, so the launches stay in step with the capture's kernels
+                if m.group(1) != handled:
+                    yield f"{m.group(1)}:{UNHANDLED}", *origins, call
+                    origins = ((), ())
+                handled = None
             elif m := _PARTITION_CALL.search(line):
                 yield from walk(f"partition_{m.group(1) or m.group(2)}", (*inside, name), call)
             elif (m := _SUBGRAPH_CALL.search(line)) and m.group(1) in bodies:
