@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{model}: profbench {run} {statistics.median(samples['profbench']):.2f} ms "
                   f"{samples['profbench']}, plain {statistics.median(samples['plain']):.2f} ms "
                   f"{samples['plain']}: ratio {ratio:.3f}", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+            if args.out:  # after each model: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
