@@ -25,7 +25,7 @@ SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 # compare with, then starts the Slurm cluster (mostly waiting on its status checks).
 FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_distributed.py",
                "test_resume.py", "test_resume_anywhere.py", "test_diff.py", "test_workloads.py",
-               "test_launch.py", "test_forkserver.py")
+               "test_launch.py", "test_forkserver.py", "test_model_workload.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

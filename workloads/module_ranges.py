@@ -72,6 +72,9 @@ def _own_views(values: Any, hook: Any) -> Any:
             return values
         view = values.view_as(values)
         view.register_hook(hook)
+        # an in-place op on the view (ReLU(inplace=True)) rebases it and its hook is lost:
+        # the caller's tensor closes the range then, when its gradient is complete
+        values.register_hook(hook)
         return view
     if isinstance(values, tuple) and hasattr(values, "_fields"):  # a namedtuple
         return type(values)(*(_own_views(v, hook) for v in values))

@@ -627,12 +627,13 @@ def _on_device(value: Any, device: torch.device,
     return value
 
 
-def _first_tensor(output: Any) -> torch.Tensor:
+def _first_tensor(output: Any, needs_grad: bool = True) -> torch.Tensor:
+    """The output itself, or its first tensor (that needs a gradient) of a tuple or dict."""
     if isinstance(output, torch.Tensor):
         return output
     values = output.values() if isinstance(output, dict) else output
     for v in values:
-        if isinstance(v, torch.Tensor) and v.requires_grad:
+        if isinstance(v, torch.Tensor) and (v.requires_grad or not needs_grad):
             return v
     raise ValueError("the model's output holds no tensor that needs a gradient")
 
@@ -641,13 +642,6 @@ def _grad_output_like(model: nn.Module, inputs: Any, device: torch.device, dtype
                       ) -> torch.Tensor:
     """A fixed random gradient of the model's output (forward_backward without a loss)."""
     with torch.no_grad(), autocast(device, dtype):
-        out = _first_tensor_any(_call(model, inputs))
+        out = _first_tensor(_call(model, inputs), needs_grad=False)
     generator = torch.Generator().manual_seed(0)
     return torch.randn(out.shape, generator=generator).to(device)
-
-
-def _first_tensor_any(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    values = output.values() if isinstance(output, dict) else output
-    return next(v for v in values if isinstance(v, torch.Tensor))

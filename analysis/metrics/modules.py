@@ -76,7 +76,7 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
              if n.startswith(PREFIX)}
     depth = record.get("module_depth")
     depth = depth if isinstance(depth, int) and depth > 0 else None
-    compiled = _compiled_paths(ops, attribution, eager, depth)
+    compiled = _compiled_paths(ops, attribution, eager, depth, phases.phase)
     unique, codes = np.unique(compiled.astype(str), return_inverse=True)
     unique = unique.tolist()
     paths = sorted(set(eager) | {a for p in unique if p for a in _ancestors(p)},
@@ -121,7 +121,8 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
 
 
 def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
-                    eager: dict[str, np.ndarray], depth: int | None) -> np.ndarray:
+                    eager: dict[str, np.ndarray], depth: int | None,
+                    phase: np.ndarray) -> np.ndarray:
     """Per op: the module path of its compiled call site ("" for none), made absolute by the
     innermost eager module range it was launched in, cut to ``depth`` components."""
     out = np.full(ops.size, "", dtype=object)
@@ -140,26 +141,30 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
         if outer and path != outer and not path.startswith(outer + "."):
             path = f"{outer}.{path}"
         out[op] = ".".join(path.split(".")[:depth]) if depth else path
-    _follow_launcher(ops, attribution, out)
+    _follow_launcher(ops, attribution, out, phase)
     return out
 
 
-def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray) -> None:
+def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray,
+                     phase: np.ndarray) -> None:
     """Give an op compiled code launched without provenance (eager glue between its kernels,
     e.g. the sums after a mix-order reduction, or a kernel without a handle) the path of the
-    last compiled kernel with one that its thread launched before it."""
+    last compiled kernel with one that its thread launched before it in the same phase
+    (forward or backward: the optimizer's kernels after the backward are no module's)."""
     unhandled = np.zeros(ops.size, bool)
     for op in np.flatnonzero(attribution.op_graph >= 0).tolist():
         site = attribution.graphs[int(attribution.op_graph[op])].sites[int(attribution.op_site[op])]
         unhandled[op] = site.handle.endswith(":" + UNHANDLED)
-    fillable = ((attribution.op_graph < 0) | unhandled) & (ops.launch >= 0)
+    directions = (phase == FORWARD) | (phase == BACKWARD)
+    fillable = ((attribution.op_graph < 0) | unhandled) & (ops.launch >= 0) & directions
     if not fillable.any():
         return
-    order = np.lexsort((ops.launch, ops.tid, ops.pid))
+    # by launch, then start: a CUDA graph's kernels share one launch call
+    order = np.lexsort((ops.start, ops.launch, ops.tid, ops.pid))
     thread, last = None, ""
     for op in order.tolist():
-        if (ops.pid[op], ops.tid[op]) != thread:
-            thread, last = (ops.pid[op], ops.tid[op]), ""
+        if (ops.pid[op], ops.tid[op], phase[op]) != thread:
+            thread, last = (ops.pid[op], ops.tid[op], phase[op]), ""
         if paths[op]:
             last = paths[op] if attribution.op_graph[op] >= 0 else last
         elif fillable[op] and last:

@@ -248,6 +248,7 @@ def markdown(results: Path, figures: list[Path]) -> str:
         parts += ["## Top findings", ""]
         parts += [f"{i}. {s}" for i, s in enumerate(findings[:TOP_FINDINGS], 1)] + [""]
     parts += ops_section(results, summary)
+    parts += module_section(results)
     flags = flagged(summary)
     if len(flags):
         parts += ["## Flagged runs", "", md_table(flags.fillna("")), ""]
@@ -257,6 +258,64 @@ def markdown(results: Path, figures: list[Path]) -> str:
     counts = summary["status"].value_counts().to_dict()
     parts += [f"{len(summary)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()), ""]
     return "\n".join(parts)
+
+
+MODULE_COLUMNS = ["Forward GPU ms/step", "Backward GPU ms/step", "Share of Step"]
+
+
+def module_section(results: Path) -> list[str]:
+    """Per ladder, its best rung's module table at a glance (stats/module_table.csv of a
+    model workload): the outermost modules, then every layer summed (with the mean layer)
+    and each sublayer summed over the layers."""
+    parts: list[str] = []
+    for path in sorted((results / "ladders").glob("*.csv")):
+        table = pd.read_csv(path)
+        ok = table[table["status"] == OK]
+        if ok.empty:
+            continue
+        run = ok.loc[ok["step_ms"].idxmin(), "run"]
+        modules = _read_modules(results / str(run) / "stats" / "module_table.csv")
+        if modules is None:
+            continue
+        parts += [f"## Where the step goes by module: {run}", "",
+                  f"GPU ms per step, inclusive of each module's children "
+                  f"(`{run}/stats/module_table.csv`); shares of the whole step.", "",
+                  md_table(module_glance(modules)), ""]
+    return parts
+
+
+def _read_modules(path: Path) -> pd.DataFrame | None:
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    table = pd.read_csv(path, keep_default_na=False)
+    if table.empty or not table["Share of Step"].astype(str).str.len().any():
+        return None  # no GPU time (a CPU run)
+    return table
+
+
+def module_glance(table: pd.DataFrame) -> pd.DataFrame:
+    """The outermost modules, then all layers and each sublayer over the layers."""
+    paths = set(table["Module"])
+    roots = table[[not any(".".join(m.split(".")[:i]) in paths
+                           for i in range(1, m.count(".") + 1)) for m in table["Module"]]]
+    layers = table[(table["Layer"] != "") & (table["Layer"] == table["Module"])]
+    # a sublayer's own row (layers.0.attn), not the modules inside it (layers.0.attn.q_proj)
+    sublayers = table[[s != "" and m.split(".")[-1] == s
+                       for m, s in zip(table["Module"], table["Sublayer"], strict=True)]]
+    rows = [_glance_row(r["Module"], [r]) for _, r in roots.iterrows()
+            if r["Module"] not in set(layers["Layer"])]
+    if len(layers):
+        rows.append(_glance_row(f"{len(layers)} layers ({layers['Module'].iloc[0]}, ...)",
+                                [r for _, r in layers.iterrows()]))
+        for name, group in sublayers.groupby("Sublayer", sort=False):
+            rows.append(_glance_row(f"  {name}, all layers", [r for _, r in group.iterrows()]))
+    return pd.DataFrame(rows)
+
+
+def _glance_row(name: str, rows: list[pd.Series]) -> dict[str, str]:
+    fwd, bwd, share = (sum(float(r[c] or 0) for r in rows) for c in MODULE_COLUMNS)
+    return {"module": name, "forward ms": f"{fwd:.3g}", "backward ms": f"{bwd:.3g}",
+            "share of step": f"{share:.0%}"}
 
 
 TOP_OPS = 5
