@@ -180,6 +180,8 @@ def _graph(index: int, compile_id: str, code: str,
                  stack_traces=tuple(traces.get(handle, ())), region_call=call)
         for i, (handle, nodes, aten, call) in enumerate(launches(code))
     ]
+    if all(site.handle.endswith(":" + UNHANDLED) for site in sites):
+        sites = []  # code made without provenance tracking: no handles to map by
     return CompiledGraph(index=index, aot_id=aot_id, kind=kind, compile_id=compile_id,
                          function="", sites=sites)
 
