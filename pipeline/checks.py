@@ -153,10 +153,19 @@ def gpu_visible() -> bool:
     return any(re.fullmatch(r"/dev/nvidia\d+", d) for d in glob.glob("/dev/nvidia*"))
 
 
-def runs_needing_cuda(runs: Mapping[str, Mapping[str, Any]], cuda_image: bool) -> list[str]:
-    """Runs that ask for CUDA: device cuda, or device auto in the CUDA image (make run)."""
+def runs_needing_cuda(runs: Mapping[str, Mapping[str, Any]], cuda_image: bool,
+                      gpu_required: bool = False) -> list[str]:
+    """Runs that ask for CUDA: device cuda, or device auto in the CUDA image (make run) or in
+    a GPU config (`gpu: required`, e.g. config.yaml)."""
+    auto_is_cuda = cuda_image or gpu_required
     return [name for name, params in runs.items()
-            if params.get("device") == "cuda" or (cuda_image and params.get("device") == "auto")]
+            if params.get("device") == "cuda" or (auto_is_cuda and params.get("device") == "auto")]
+
+
+def gpu_config_why(needing: list[str]) -> str:
+    """check_gpu's `why` for a GPU config (`gpu: required`) whose runs would start here."""
+    return (f"this is a GPU config (gpu: required: {len(needing)} run(s) of device auto or "
+            f"cuda, e.g. {needing[0]}; `make run` profiles it in the CUDA image)")
 
 
 def check_gpu(needing: Iterable[str], why: str = "") -> None:

@@ -17,6 +17,7 @@ A bad config raises :class:`ConfigError`, whose message names the offending key
 from __future__ import annotations
 
 import copy
+import difflib
 import fnmatch
 import itertools
 import json
@@ -127,15 +128,27 @@ def booleans_from_command_line(cfg: dict[str, Any], schema: dict[str, Any]) -> N
             booleans_from_command_line(value, sub)
 
 
+# The sections that define runs: each optional, at least one required (the schema's anyOf).
+RUN_SECTIONS = ("runs", "sweeps", "ladders")
+
+
 def validate_top_level(cfg: dict[str, Any]) -> dict[str, Any]:
     """Check the top-level keys (naming a bad one) and fill in the schema's defaults, in place.
     Returns ``cfg``."""
     schema = top_level_schema()
     booleans_from_command_line(cfg, schema)
+    # Every other problem first (a misspelt 'rnus' is named as such), then the schema's anyOf
+    # of runs/sweeps/ladders, whose own message ("... is not valid under any of the given
+    # schemas") would dump the whole config.
     try:
-        jsonschema.validate(copy.deepcopy(cfg), schema)
+        jsonschema.validate(copy.deepcopy(cfg),
+                            {k: v for k, v in schema.items() if k != "anyOf"})
     except jsonschema.ValidationError as e:
         raise ConfigError(_location(e), e.message) from None
+    if not any(key in cfg for key in RUN_SECTIONS):
+        raise ConfigError("<top level>", "a config needs at least one of runs, sweeps, "
+                          "ladders (each optional, none defined)")
+    jsonschema.validate(copy.deepcopy(cfg), schema)  # the anyOf above, as the schema says
     _validator_filling_defaults()(schema).validate(cfg)
     return cfg
 
@@ -277,9 +290,26 @@ def expand_ladders(cfg: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any], 
     return out
 
 
+def check_defaults(defaults: dict[str, Any]) -> None:
+    """`defaults` may hold keys that only some workloads take (e.g. 'context' for gpt; each run
+    gets those its workload takes), but not a key that no workload of the registry (nor the
+    pipeline) takes: that is a typo, refused as a run's would be."""
+    known = set(PIPELINE_RUN_KEYS)
+    for schema in run_schemas().values():
+        known.update(schema["properties"])
+    for key in defaults:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
+            raise ConfigError(f"defaults.{key}",
+                              f"unknown parameter {key!r}: no workload takes it{hint} "
+                              f"(known: {sorted(known)})")
+
+
 def resolve_runs(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """All runs by name (sweeps, named runs, ladders), with defaults applied and every run
     checked against its schema."""
+    check_defaults(cfg["defaults"])
     runs: dict[str, tuple[str, dict[str, Any]]] = {}  # name -> (where, parameters)
     for index, sweep in enumerate(cfg["sweeps"]):
         for name, params in expand_sweep(index, sweep):
@@ -295,7 +325,8 @@ def resolve_runs(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise ConfigError(where, f"run name {name!r} is also defined elsewhere")
         runs[name] = (where, params)
     if not runs:
-        raise ConfigError("runs", "no runs defined (add entries under 'runs' or 'sweeps')")
+        raise ConfigError("runs", "no runs defined (add entries under 'runs', 'sweeps' or "
+                          "'ladders')")
     resolved = {}
     for name, (where, params) in runs.items():
         merged = {**cfg["defaults"], **params}
@@ -438,16 +469,20 @@ class Plan:
         return str(self.runs[run].get("compile", "off")) != "off"
 
     def record(self) -> dict[str, Any]:
-        """plan.json: runs, ladders, comparisons and the settings the outputs depend on."""
+        """plan.json: runs, ladders, comparisons and the settings the outputs depend on.
+        `unselected`: the config's runs that `select` leaves out, in the same form; the summary
+        still has a row for each of them whose timing records exist (an earlier invocation's),
+        so a selection never shrinks it."""
+        members = ladder_members(self.config)
+
+        def entry(name: str, params: dict[str, Any]) -> dict[str, Any]:
+            return {"params": workload_params(params), **pipeline_settings(params),
+                    **members.get(name, {})}
+
         return {
-            "runs": {
-                name: {
-                    "params": workload_params(params),
-                    **pipeline_settings(params),
-                    **self.ladders.get(name, {}),
-                }
-                for name, params in self.runs.items()
-            },
+            "runs": {name: entry(name, params) for name, params in self.runs.items()},
+            "unselected": {name: entry(name, params) for name, params in self.all_runs.items()
+                           if name not in self.runs},
             "comparisons": list(self.comparisons.values()),
             "timing": dict(self.config["timing"]),
             "timeout_min": self.config["timeout_min"],

@@ -245,7 +245,8 @@ def timing_job_runtime(wildcards, attempt) -> int:
 # - when Snakemake is about to run jobs (onstart: not for a dry run, --dag, --lint, --report,
 #   nor when nothing is to be done): disk space and nsys (host runs) for the runs whose
 #   profile job will run, a GPU for the runs whose profile or timing jobs will run and ask
-#   for CUDA, apptainer (--use-singularity).
+#   for CUDA (device cuda; device auto too in the CUDA image or in a GPU config, `gpu:
+#   required`, as config.yaml is), apptainer (--use-singularity).
 #   A dry run does not check the machine: planning the GPU matrix on a laptop is fine.
 from pipeline import checks as _checks  # noqa: E402
 
@@ -267,14 +268,21 @@ def _runs_to_do(rules):
 
 
 def startup_checks():
+    # The GPU first: a GPU config on a machine without one is told that, not what else the
+    # machine lacks for it (nsys, disk).
+    cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
+    # `gpu: required` (config.yaml and config/*.yaml): device auto means cuda too, where the
+    # jobs run here (a Slurm job's node has the GPU, not the machine that submits it)
+    gpu_config = config["gpu"] == "required" and runs_on_this_machine()
+    # untraced timing runs need the GPU as much as the captures do
+    on_gpu = _runs_to_do(CAPTURE_RULES | TIMING_RULES)
+    needing = _checks.runs_needing_cuda(on_gpu, cuda_image, gpu_config)
+    why = _checks.gpu_config_why(needing) if gpu_config and needing else ""
+    _checks.check_gpu(needing, why)
     todo = _runs_to_do(CAPTURE_RULES)
     _checks.check_disk(Path(RESULTS), todo)
     if todo and not USE_CONTAINER:
         _checks.check_nsys(NSYS, NSYS_NEEDS_INSTALL)
-    cuda_image = USE_CONTAINER and CONTAINER_VARIANT == "cuda"
-    # untraced timing runs need the GPU as much as the captures do
-    on_gpu = _runs_to_do(CAPTURE_RULES | TIMING_RULES)
-    _checks.check_gpu(_checks.runs_needing_cuda(on_gpu, cuda_image))
     if USE_CONTAINER:
         _checks.check_apptainer(PROFBENCH_CACHE)
 

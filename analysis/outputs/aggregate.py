@@ -14,6 +14,8 @@ Where each number comes from (docs/timing.md):
   ``ops_overhead``, what the op ranges cost (op capture's traced step / lean capture's - 1);
 * ``optimizer_gbps``, ``optimizer_roofline``: the optimizer step's bytes over its phase GPU
   time, against ``memory_gbps_reference`` (``analysis/metrics/roofline.py``);
+* ``selected``: false for a run that this invocation's ``select`` left out, summarized from
+  the records an earlier invocation left (every finished run of the config has its row);
 * ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
   ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``high_overhead`` (the
   tracer slowed the step by more than 25%: the capture's timeline is distorted), ``failed``.
@@ -30,7 +32,15 @@ import pandas as pd
 
 from analysis.metrics.roofline import memory_reference, optimizer_bytes, optimizer_roofline
 from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
-from analysis.outputs.runs import OK, Timing, read_json, read_plan, read_timing, step_times
+from analysis.outputs.runs import (
+    OK,
+    Timing,
+    read_json,
+    read_plan,
+    read_timing,
+    step_times,
+    timing_paths,
+)
 
 HIGH_OVERHEAD = 0.25
 FIRST = [
@@ -205,13 +215,25 @@ def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
     return flags
 
 
+def finished_unselected(results: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan's `unselected` runs (those `select` left out) with timing records in
+    ``results``: name -> their plan entry."""
+    return {run: info for run, info in (plan.get("unselected") or {}).items()
+            if timing_paths(results / run)}
+
+
 def summary_table(
     results: Path, plan: dict[str, Any], calibration: dict[str, Any] | None = None
 ) -> pd.DataFrame:
-    """All runs' rows, with status, timing and throughput columns first."""
+    """All runs' rows, with status, timing and throughput columns first: the plan's runs, then
+    the finished runs `select` left out (column `selected` false)."""
     threshold = plan.get("timing", {}).get("unstable_threshold", DEFAULT_UNSTABLE_THRESHOLD)
-    rows = [run_row(results, run, info, threshold, calibration)
+    rows = [{**run_row(results, run, info, threshold, calibration), "selected": True}
             for run, info in plan["runs"].items()]
+    # `select` profiles some runs; the summary keeps every finished run of the config: the
+    # runs it left out whose timing records exist (an earlier invocation's), as they are
+    rows += [{**run_row(results, run, info, threshold, calibration), "selected": False}
+             for run, info in finished_unselected(results, plan).items()]
     table = pd.DataFrame(rows)
     git = plan.get("git") or {}  # the plan's, for runs that left no record
     for key in ("commit", "dirty"):
@@ -244,5 +266,7 @@ def run(args: argparse.Namespace) -> int:
     table = summary_table(args.results, plan, calibration)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.output, index=False)
-    print(f"wrote {args.output}: {len(table)} runs x {len(table.columns)} columns")
+    kept = int((~table["selected"].astype(bool)).sum()) if "selected" in table else 0
+    note = f" ({kept} finished run(s) not selected this time, kept)" if kept else ""
+    print(f"wrote {args.output}: {len(table)} runs x {len(table.columns)} columns{note}")
     return 0
