@@ -151,6 +151,19 @@ def snakemake(workdir: Path, *args: str, check: bool = True,
     return done
 
 
+def stopped(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run the workflow for real; it must fail before any job. Returns its messages."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    done = snakemake(workdir, "--cores", "1", *args, check=False, env_extra=env)
+    message = done.stdout + done.stderr
+    assert done.returncode != 0, message[-3000:]
+    made = [p.name for p in workdir.iterdir() if p.name != ".snakemake"]
+    assert made == [], f"a job ran: {made}"
+    assert "Finished job" not in message, "a job ran"
+    return message
+
+
 @pytest.fixture(scope="session")
 def smoke_workdir(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
     """A complete CPU smoke pipeline run (real nsys, real Snakemake), made once per test run

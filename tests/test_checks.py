@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SMOKE_CONFIG, snakemake
+from conftest import SMOKE_CONFIG, stopped
 
 from pipeline import checks
 from pipeline.config import load as load_config
@@ -41,19 +41,6 @@ def bare_path(tmp_path: Path) -> str:
             if tool.name not in hidden and os.access(tool, os.X_OK) and not link.exists():
                 link.symlink_to(tool)
     return str(bin_dir)
-
-
-def stopped(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    """Run the workflow for real; it must fail before any job. Returns its messages."""
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    done = snakemake(workdir, "--cores", "1", *args, check=False, env_extra=env)
-    message = done.stdout + done.stderr
-    assert done.returncode != 0, message[-3000:]
-    made = [p.name for p in workdir.iterdir() if p.name != ".snakemake"]
-    assert made == [], f"a job ran: {made}"
-    assert "Finished job" not in message, "a job ran"
-    return message
 
 
 def fake_tool(tmp_path: Path, name: str, output: str, code: int = 0) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SMOKE_CONFIG, snakemake
+from conftest import SMOKE_CONFIG, snakemake, stopped
 from timing_records import write_timing
 
 from analysis.outputs.aggregate import summary_table
@@ -25,18 +25,6 @@ def write_config(tmp_path: Path, cfg: dict) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def stopped(workdir: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    """Run the workflow for real; it must fail before any job. Returns its messages."""
-    workdir.mkdir()
-    done = snakemake(workdir, "--cores", "2", *args, check=False, env_extra=env)
-    message = done.stdout + done.stderr
-    assert done.returncode != 0, message[-3000:]
-    made = [p.name for p in workdir.iterdir() if p.name != ".snakemake"]
-    assert made == [], f"a job ran: {made}"
-    assert "Finished job" not in message, "a job ran"
-    return message
 
 
 # --- 1. defaults: a key no workload takes is refused --------------------------------------------
@@ -144,7 +132,7 @@ def test_default_config_without_gpu_stops_before_the_first_job(tmp_path: Path) -
     """Plain `snakemake --cores 2` with config.yaml (gpu: required, device auto): the message
     `make run` gives, not the GPU matrix profiled on the CPU. Its dry run still plans
     (tests/test_config.py: test_default_config_is_valid_and_complete)."""
-    message = stopped(tmp_path / "work", env=NO_GPU)
+    message = stopped(tmp_path, env=NO_GPU)
     assert "start-up check failed: this is a GPU config (gpu: required" in message
     assert MAKE_RUN_MESSAGE in message, message[-3000:]
 
@@ -156,7 +144,7 @@ def test_gpu_key_makes_device_auto_need_a_gpu(tmp_path: Path) -> None:
     assert plan.config["gpu"] == "optional"
     assert checks.runs_needing_cuda(plan.runs, cuda_image=False) == []
     assert len(checks.runs_needing_cuda(plan.runs, False, gpu_required=True)) == len(plan.runs)
-    message = stopped(tmp_path / "work", "--configfile", str(SMOKE_CONFIG), "--config",
+    message = stopped(tmp_path, "--configfile", str(SMOKE_CONFIG), "--config",
                       "gpu=required", env=NO_GPU)
     assert "this is a GPU config (gpu: required" in message and MAKE_RUN_MESSAGE in message
     done = snakemake(tmp_path / "dry", "-n", "--cores", "2", "--configfile", str(SMOKE_CONFIG),

@@ -492,13 +492,13 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
         raise ValueError(f"factory {options.factory!r} returned no loss: mode train needs one")
     structure = Structure(options.layers, options.sublayers) if options.layers else (
         parts.structure or Structure())
-    depth = module_depth(model, structure, options.module_depth)
-    ranges = None
-    if depth and os.environ.get(CAPTURE_ENV) == "1":
-        ranges = module_ranges.ModuleRanges(model, depth)
     params_count = _count(model)
     counted = count_step_flops(model, inputs, targets, parts.loss, options.mode, run.dtype,
                                device)
+    depth = module_depth(model, structure, options.module_depth)
+    ranges = None  # after the counted step: its ranges would stay open
+    if depth and os.environ.get(CAPTURE_ENV) == "1":
+        ranges = module_ranges.ModuleRanges(model, depth)
     wrapped = run.wrap(model) if run.wrap is not None else model
     optimizer = None
     if options.mode == "train":
