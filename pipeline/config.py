@@ -224,10 +224,7 @@ def workload_problem(workload: str, params_json: str) -> tuple[str, str] | None:
     module = models.registry().get(workload)
     if module is None or not hasattr(module, "check"):
         return None
-    problem = module.check(models.options_of(workload, json.loads(params_json)))
-    if problem is None:
-        return None
-    return problem if isinstance(problem, tuple) else ("factory", problem)
+    return module.check(models.options_of(workload, json.loads(params_json)))
 
 
 def expand_sweep(index: int, sweep: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -54,13 +54,6 @@ from workloads.steps import (
     build_gpt,
 )
 
-BUILT_IN = ("attention", "attention_core", "gpt", "sleep")
-
-
-def workload_names() -> tuple[str, ...]:
-    """Every workload: the built-in ones and those of workloads/models/."""
-    return (*BUILT_IN, *models.registry())
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.split("\n")[0])

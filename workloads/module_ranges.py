@@ -27,11 +27,7 @@ import nvtx
 import torch
 from torch import nn
 
-PREFIX = "module:"
-
-
-def range_name(path: str) -> str:
-    return f"{PREFIX}{path}"
+from workloads.models.parts import MODULE_RANGE_PREFIX
 
 
 def module_paths(model: nn.Module, depth: int) -> list[tuple[str, nn.Module]]:
@@ -101,9 +97,10 @@ class ModuleRanges:
     def __init__(self, model: nn.Module, depth: int) -> None:
         self.open_calls: set[_Call] = set()
         self.handles: list[Any] = []
-        self.paths = [path for path, _ in module_paths(model, depth)]
-        for path, module in module_paths(model, depth):
-            self._hook(module, range_name(path))
+        hooked = module_paths(model, depth)
+        self.paths = [path for path, _ in hooked]
+        for path, module in hooked:
+            self._hook(module, MODULE_RANGE_PREFIX + path)
 
     def _hook(self, module: nn.Module, name: str) -> None:
         calls: list[_Call] = []

@@ -326,9 +326,7 @@ def track_provenance() -> None:
         trace.provenance_tracking = True
 
 
-# The line a compiled node's stack trace gets with its module path (read back by
-# analysis/metrics/modules.py). A version in the pass's uuid keeps Inductor's cache honest.
-MODULE_PATH_LINE = "[profbench module {}]"
+# A version in the pass's uuid keeps Inductor's cache honest (MODULE_PATH_LINE: parts.py).
 _MODULE_PATHS_UUID = "profbench-module-paths-2"
 # forward nodes' module paths by stack trace, for the backward graph compiled after them
 _PATH_BY_TRACE: dict[str, str] = {}
@@ -342,6 +340,8 @@ def track_module_paths() -> None:
     processes' code still has it. Model workloads only: the GPT maps its kernels by source."""
     import torch._inductor.config as inductor_config
     from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    from workloads.models.parts import MODULE_PATH_LINE
 
     class ModulePaths(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
@@ -509,7 +509,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     if speed.compile_mode != "off":
         track_module_paths()
     if options.compile_blocks == "regional" and speed.compile_mode != "off":
-        layers = [m for p, m in model.named_modules() if p and structure.layer_of(p) == p]
+        layers = [m for p, m in model.named_modules() if structure.is_layer(p)]
         if not layers:
             raise ValueError("compile_blocks regional needs layers: set `layers` or return a "
                              "structure from the factory")
@@ -559,7 +559,7 @@ def module_depth(model: nn.Module, structure: Any, depth: int | None) -> int:
     else 3."""
     if depth is not None:
         return depth
-    layer = next((p for p, _ in model.named_modules() if p and structure.layer_of(p) == p), None)
+    layer = next((p for p, _ in model.named_modules() if structure.is_layer(p)), None)
     return layer.count(".") + 2 if layer else 3
 
 

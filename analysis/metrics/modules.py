@@ -15,8 +15,8 @@ provenance recorded for the nodes fused into them (the stack-trace line that
 workloads/steps.py ``track_module_paths`` adds; a kernel fusing nodes of several modules goes
 to their deepest common module, or to the one most of them name when only the root holds
 them all; eager glue launched between compiled kernels follows the kernel before it). A path
-compiled below an eager module range (a layer
-compiled on its own) is relative to that range's module. Paths deeper than the run's
+compiled below an eager module range (a layer compiled on its own) is relative to that
+range's module. Paths deeper than the run's
 ``module_depth`` count for their ancestor at that depth.
 
 ``module_coverage`` (metrics.json): the share of forward + backward GPU time that some module
@@ -37,11 +37,11 @@ from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Rang
 from analysis.reading.export import Export
 from analysis.reading.torchtrace import UNHANDLED
 from analysis.reports.fmt import Table
-from workloads.models.parts import Structure
+from workloads.models.parts import MODULE_PATH_LINE, MODULE_RANGE_PREFIX, Structure
 
-PREFIX = "module:"
-# the line workloads/steps.py adds to a compiled node's stack trace
-_MODULE_LINE = re.compile(r"\[profbench module ([^\]]*)\]")
+PREFIX = MODULE_RANGE_PREFIX
+# the line workloads/steps.py adds to a compiled node's stack trace, its path captured
+_MODULE_LINE = re.compile(re.escape(MODULE_PATH_LINE).replace(re.escape("{}"), r"([^\]]*)"))
 FORWARD, BACKWARD = PHASES.index("forward_pass"), PHASES.index("backward_pass")
 HEADER = ["Module", "Depth", "Layer", "Sublayer", "Forward GPU ms/step",
           "Backward GPU ms/step", "GPU ms/step", "Share of Step", "Forward CPU ms/step",

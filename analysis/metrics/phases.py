@@ -41,6 +41,7 @@ import numpy as np
 from analysis.metrics.gpuops import GpuOps, gpu_ops
 from analysis.reading.export import Export
 from analysis.reports.nvtx import PID_MASK
+from workloads.models.parts import MODULE_RANGE_PREFIX
 
 if TYPE_CHECKING:
     from analysis.metrics.attribution import Attribution
@@ -333,7 +334,7 @@ def _kind(name: str) -> str:
         return "layer"
     if name.endswith("_sublayer"):
         return "sublayer"
-    if name.startswith("module:"):  # a model workload's module ranges (analysis/metrics/modules.py)
+    if name.startswith(MODULE_RANGE_PREFIX):  # a model workload's (analysis/metrics/modules.py)
         return "module"
     if name in ("warmup",):
         return "other"

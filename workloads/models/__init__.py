@@ -9,7 +9,8 @@ workload of its name (``workload: <module>`` in a config, ``python -m workloads 
   ``run`` (:class:`RunSettings`) carries what every workload shares: dtype, device, seed and
   the speed settings (compile, CUDA graphs, optimizer, SDPA backend).
 * ``needs(options) -> (host MB, minutes)``: optional, what a job of it reserves on a cluster.
-* ``check(options) -> str | None``: optional, a problem found before any job starts.
+* ``check(options) -> (key, problem) | None``: optional, a problem found before any job
+  starts, and the run key it is at.
 
 A workload module imports torch inside ``build``, not at its top: the pipeline reads every
 ``Options`` when it parses a config, and a torch import there would cost every Snakemake start.
@@ -75,10 +76,6 @@ def options_of(workload: str, values: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _json_type(hint: Any) -> dict[str, Any]:
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
@@ -97,7 +94,7 @@ def _json_type(hint: Any) -> dict[str, Any]:
 def options_schema(cls: type) -> dict[str, Any]:
     """A JSON schema of the workload's options (its own keys; the run schema adds the
     shared ones)."""
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     properties, required = {}, []
     for f in dataclasses.fields(cls):
         prop = _json_type(hints[f.name])
@@ -114,7 +111,7 @@ def options_schema(cls: type) -> dict[str, Any]:
 def add_options(parser: argparse.ArgumentParser, cls: type,
                 flag: Callable[..., None], parse_bool: Callable[[str], bool]) -> None:
     """One command-line flag per option (``flag`` adds both spellings of a name)."""
-    hints = _hints(cls)
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         schema = _json_type(hints[f.name])
         kwargs: dict[str, Any] = {"help": f.metadata.get("help")}

@@ -24,6 +24,12 @@ if TYPE_CHECKING:  # the analysis reads Structure without torch
 
 Batch = tuple[Any, Any]
 
+# What a capture of a model workload carries for the analysis (analysis/metrics/modules.py):
+# the NVTX range of a module (workloads/module_ranges.py), and the line a compiled node's stack
+# trace gets with its module path (workloads/steps.py: track_module_paths).
+MODULE_RANGE_PREFIX = "module:"
+MODULE_PATH_LINE = "[profbench module {}]"
+
 
 @dataclass(frozen=True)
 class Structure:
@@ -45,6 +51,10 @@ class Structure:
             if _matches(prefix, self.layers):
                 return prefix
         return None
+
+    def is_layer(self, path: str) -> bool:
+        """Whether ``path`` is a layer itself (``layers.0``, not ``layers.0.attn``)."""
+        return bool(path) and self.layer_of(path) == path
 
     def sublayer_of(self, path: str) -> str | None:
         """The sublayer name (the first component below the layer that matches
