@@ -22,13 +22,24 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The checks first (standard library only): a machine without a GPU or apptainer is told at
-# once, before the venv is set up or an image is built.
+# once, before the venv is set up or an image is built. CONTAINER=none runs the jobs in this
+# host's Python environment instead of the image (a cluster module, a vendor container):
+# scripts/run-on-host.sh, which needs no venv and no network (WHEEL_KIT for offline wheels).
+CONTAINER ?= apptainer
+# the config CONTAINER=none runs
+CONFIG ?= config.yaml
 run:
+ifeq ($(CONTAINER),none)
+	python3 -m pipeline.checks --gpu \
+	  --why "make run CONTAINER=none profiles the GPU matrix ($(CONFIG)) in this Python environment"
+	CORES=$(CORES) bash scripts/run-on-host.sh $(CONFIG)
+else
 	python3 -m pipeline.checks --gpu --apptainer \
 	  --why "make run profiles the default GPU matrix (config.yaml) in the CUDA image"
 	$(MAKE) setup
 	$(SNAKEMAKE) --cores $(CORES) --use-singularity
 	$(SNAKEMAKE) --report results/report.html
+endif
 
 smoke: setup
 	$(SNAKEMAKE) --cores 2 --configfile tests/smoke.yaml

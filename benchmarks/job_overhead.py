@@ -353,7 +353,7 @@ def shared_pids(records: dict[Path, dict[str, Any]]) -> list[tuple[Path, Path]]:
     """Pairs of records of two processes that lived at the same time on one host with the same
     pid: impossible for separate processes, so one process measured twice. A pid names a
     process only while it lives, on its host: a results folder resumed on other machines (a
-    bare GPU machine per call, all named alike) or a long run may reuse one."""
+    new host per attempt, all named alike) or a long run may reuse one."""
     lives: dict[tuple[Any, int], list[tuple[float, float, Path]]] = {}
     for path, record in records.items():
         section = record.get("process")

@@ -5,10 +5,10 @@ Inductor: thousands of modules. Python keeps each module's compiled bytecode nex
 source (`__pycache__`), so only the first import ever compiles it. Where the install ships no
 bytecode (e.g. `pip install --no-compile`) and none can be written (`PYTHONDONTWRITEBYTECODE`
 set, as many Docker images do, or a read-only install), every process compiles them all
-again. Measured on the lent H100 host (/opt/torch/.venv, PYTHONDONTWRITEBYTECODE=1, no
-`__pycache__`): `import torch, torch._dynamo, torch._inductor.compile_fx` took 12-13 s per
-process, and a capture's imports and model build 12 s of its 17 s of overhead; with the
-bytecode cached, 4 s (docs/timing.md).
+again. On an H100 host whose torch install had no `__pycache__` and whose environment set
+PYTHONDONTWRITEBYTECODE=1, `import torch, torch._dynamo, torch._inductor.compile_fx` took
+12-13 s per process, and a capture's imports and model build 12 s of its 17 s of overhead;
+with the bytecode cached, 4 s (docs/timing.md).
 
 So the guard asks, for every job, whether torch's bytecode would be read or written, and
 when neither, runs the job with `PYTHONPYCACHEPREFIX=<cache>/pycache` (Python's own mirror

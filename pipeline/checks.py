@@ -5,7 +5,7 @@ says what is wrong and what to do. The Snakemake workflow calls them when it is 
 jobs (rules/common.smk, ``onstart``); ``make run`` calls the command line first, so a machine
 without a GPU is told at once, before any setup or image build:
 
-    python3 -m pipeline.checks [--gpu] [--apptainer] [--nsys PATH] [--results DIR]
+    python3 -m pipeline.checks [--gpu] [--apptainer] [--host-env] [--nsys PATH] [--results DIR]
 
 Standard library only, and fast: no torch import, at most one short network probe.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -39,11 +40,11 @@ PROBE_TIMEOUT_S = 5.0
 # - a GPU capture grows with its kernels: tests/fixtures/h100/gpt_small_train_fp32_ctx512.sqlite
 #   is 2.78 MB for 15,630 kernels (with their ~2 CUDA API calls each), ~180 bytes a kernel;
 #   doubled for the .nsys-rep and rounded up: BYTES_PER_KERNEL;
-# - kernels per measured step, from the H100 captures (published/h100-2026-11-22, column
+# - kernels per measured step, from H100 captures of the eager matrix (summary column
 #   kernel_count / steps): GPT ~40 a layer forward, ~126 forward+backward, 130-161 for the
 #   AdamW train step (2.7B highest), and bf16 autocast adds up to 25% (its casts); attention
 #   9 (naive) or 6 (SDPA) forward. The numbers below are the upper ends, so the estimate is
-#   high: published captures were 1-12 MB, the model says 4-45 MB.
+#   high: those captures were 1-12 MB, the model says 4-45 MB.
 BASE_BYTES = 4 << 20
 BYTES_PER_KERNEL = 400
 GPT_KERNELS_PER_LAYER = {"forward": 41, "forward_backward": 126, "train": 165}
@@ -181,6 +182,31 @@ def check_gpu(needing: Iterable[str], why: str = "") -> None:
     )
 
 
+# --- the host's own Python environment (CONTAINER=none) -------------------------------------
+
+# What the jobs import, by import name (pyproject.toml's dependencies; torch from the host).
+HOST_MODULES = ("torch", "snakemake", "nvtx", "pynvml", "pandas", "numpy", "matplotlib", "yaml",
+                "jsonschema")
+
+
+def missing_host_modules(modules: Iterable[str] = HOST_MODULES) -> list[str]:
+    """Modules this interpreter cannot import (found by their spec: nothing is imported)."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def check_host_env() -> None:
+    """Without the image, the jobs run in this interpreter's environment: it has the packages
+    they import."""
+    missing = missing_host_modules()
+    if missing:
+        raise CheckError(
+            f"this Python ({sys.executable}) lacks {', '.join(missing)}, which the pipeline's "
+            "jobs import when they run without the image (CONTAINER=none): install them here "
+            "(`pip install -e .` in this environment keeps its torch), or give a wheel folder "
+            "for a host without network (WHEEL_KIT=..., docs/containers.md)"
+        )
+
+
 # --- Apptainer -------------------------------------------------------------------------------
 
 
@@ -284,6 +310,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gpu", action="store_true", help="an NVIDIA GPU must be visible")
     parser.add_argument("--apptainer", action="store_true",
                         help="apptainer must be available or installable (--use-singularity)")
+    parser.add_argument("--host-env", action="store_true",
+                        help="this Python has the packages the jobs import (no image)")
     parser.add_argument("--nsys", metavar="PATH", help="this nsys must run and be new enough")
     parser.add_argument("--results", metavar="DIR", type=Path, help="must be writable")
     parser.add_argument("--why", default="this command profiles on an NVIDIA GPU",
@@ -298,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             check_gpu(["--gpu"], args.why)
         if args.apptainer:
             check_apptainer(cache_dir())
+        if args.host_env:
+            check_host_env()
         if args.nsys:
             check_nsys_version(args.nsys)
         if args.results:

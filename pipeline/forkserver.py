@@ -61,14 +61,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workloads.contract import INSTALL_KEYS, LAUNCHER_ENV
 from workloads.proctree import alive
 
 # Environment the pipeline sets (rules/common.smk) for the guards of one invocation.
 ENV_NAME = "PROFBENCH_FORKSERVER"  # the servers' name; server N listens on NAME.sN
 ENV_OWNER = "PROFBENCH_FORKSERVER_OWNER"  # the Snakemake process the servers live for
 ENV_LOGS = "PROFBENCH_FORKSERVER_LOGS"  # folder of the servers' logs
-# Set in every forked child (workloads/process_state.py records it as the launcher).
-ENV_LAUNCHER = "PROFBENCH_LAUNCHER"
 # Optional: the modules to preload, comma-separated, instead of PRELOAD (to try a shorter
 # list on a machine where a preload makes the server refuse; see its log).
 ENV_PRELOAD = "PROFBENCH_FORKSERVER_PRELOAD"
@@ -87,11 +86,11 @@ PRELOAD = (
     "torch._inductor.runtime.triton_heuristics",
     "triton",
     "workloads.__main__",
-    # What a compiled timing process still imported after the modules above (H100, torch
-    # 2.11, call D of 2026-11-25): Dynamo's backends, export's tracer, more of Inductor, and
-    # DTensor's experimental package, whose context-parallel module registers two custom ops
-    # at import (0.3-0.4 s of every compiled process). Last, so that one of them that cannot
-    # be preloaded costs nothing of the list before it.
+    # What a compiled timing process imports beyond the modules above (torch 2.11 on an H100):
+    # Dynamo's backends, export's tracer, more of Inductor, and DTensor's experimental
+    # package, whose context-parallel module registers two custom ops at import (0.3-0.4 s of
+    # every compiled process). Last, so that one of them that cannot be preloaded costs
+    # nothing of the list before it.
     "torch._dynamo.backends.inductor",
     "torch._dynamo.backends.cudagraphs",
     "torch.export._trace",
@@ -108,14 +107,8 @@ PRELOAD = (
     "triton.tools.tensor_descriptor",
     "triton.compiler.code_generator",
 )
-# Values Inductor computes once per process from the installed files, to key its caches: the
-# hashes of torch's and of Triton's sources (0.1-0.2 s and ~0.4 s of every compiled process on
-# the H100, call D). Constants of the installation, so the server computes them after
-# preloading (when their module was preloaded) and every child inherits them. Triton's own
-# cached function is the one torch 2.11 calls; torch 2.13 caches it in codecache as well.
-# (workloads/process_state.py records which a job found computed; tests check both agree.)
-INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key",
-                "triton.runtime.cache.triton_key")
+# INSTALL_KEYS (workloads/contract.py): constants of the installation, so the server computes
+# them after preloading (when their module was preloaded) and every child inherits them.
 # Preloads that may be missing (no Triton on a CPU-only torch): the child imports what it needs.
 OPTIONAL = frozenset(PRELOAD) - {"torch", "torch._dynamo", "workloads.__main__"}
 # Environment read while those modules are imported (threads, allocator, library paths,
@@ -900,7 +893,7 @@ class Server:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
-            os.environ[ENV_LAUNCHER] = "fork"
+            os.environ[LAUNCHER_ENV] = "fork"
             self._reseed()
             send(conn.sock, {"pid": os.getpid()})
             conn.sock.close()

@@ -63,6 +63,7 @@ from typing import IO, Any
 
 from pipeline import bytecode, forkserver, launch
 from workloads import startgate
+from workloads.contract import EXIT_CODES
 from workloads.proctree import descendants
 
 DEFAULT_GRACE_S = 10.0
@@ -71,8 +72,8 @@ DEFAULT_GRACE_S = 10.0
 SERVER_WAIT_S = 300.0
 TAIL_LINES = 200  # kept from the command's output, to classify the failure
 MESSAGE_LINES = 12  # of those, how many go into an error's message
-# The workloads' exit codes for a result they could not produce (workloads/__main__.py).
-EXIT_OOM, EXIT_UNSUPPORTED = 3, 4
+# The workloads' exit codes for a result they could not produce.
+EXIT_OOM, EXIT_UNSUPPORTED = EXIT_CODES["oom"], EXIT_CODES["unsupported"]
 # How a failure says "out of memory": Python, glibc, PyTorch (CPU and CUDA), C++, and how
 # nsys or a shell reports a target killed by SIGKILL (the kernel's OOM killer).
 OOM_OUTPUT = re.compile(
@@ -96,7 +97,7 @@ TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks f
 TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 TORCHRUN_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/elastic/")
 TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(\S.*?)\s*$")
-# Tables every nsys SQLite export has (the markers analysis/lite.py tells exports by).
+# Tables every nsys SQLite export has (the markers a complete export has).
 NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 

@@ -30,7 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_UNSUPPORTED = 4
+from workloads.contract import EXIT_CODES
+
+EXIT_UNSUPPORTED = EXIT_CODES["unsupported"]
 # NVLink SHARP / multicast off for NCCL, torch symmetric memory and NVSHMEM.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}

@@ -1,4 +1,4 @@
-"""Does an Inductor cache hit still give the analysis its kernel map?  (GPU check, issue 17.)
+"""Does an Inductor cache hit still give the analysis its kernel map?  (A check to run on a GPU.)
 
 The pipeline compiles each compiled run in several processes (timing repeats, then the nsys
 capture) with provenance tracking on in all of them (workloads/steps.py track_provenance),

@@ -9,7 +9,7 @@
 # Idempotent: an existing complete install is reused (about 0.1 s). Prints the apptainer
 # binary's path on its last line (put its directory on PATH).
 #
-# Why each step: see docs/containers.md ("This sandbox"). In short: sid's apptainer needs
+# Why each step: see docs/containers.md ("The CI machine"). In short: sid's apptainer needs
 # glibc >= 2.38 (bookworm has 2.36), and this sandbox's capability bounding set lacks
 # CAP_SYS_RESOURCE, which apptainer's default "full" root capability set requests.
 set -euo pipefail

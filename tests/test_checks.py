@@ -85,6 +85,34 @@ def test_make_run_says_no_gpu_at_once() -> None:
     assert "`make smoke`" in checks_done.stderr
 
 
+def test_make_run_without_the_image_says_no_gpu_at_once() -> None:
+    """`make run CONTAINER=none` runs in this host's environment: on a machine without a GPU
+    it stops at its first step, before the host script (the environment is not touched)."""
+    done = subprocess.run(["make", "--no-print-directory", "run", "CONTAINER=none"], cwd=REPO,
+                          capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "-1"})
+    assert done.returncode != 0
+    assert ("profbench: make run CONTAINER=none profiles the GPU matrix (config.yaml) in this "
+            "Python environment but no NVIDIA GPU is visible") in done.stderr, done.stderr
+    assert "run-on-host.sh" not in done.stdout.split("pipeline.checks", 1)[0]
+
+
+def test_host_environment_names_the_packages_it_lacks(tmp_path: Path) -> None:
+    """The host mode's check, with an interpreter that has only the standard library (a venv
+    without packages): every missing import named, and what to do."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    done = subprocess.run([str(bare / "bin" / "python"), "-m", "pipeline.checks", "--host-env"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert f"this Python ({bare / 'bin' / 'python'}) lacks " in done.stderr
+    for module in checks.HOST_MODULES:
+        assert module in done.stderr
+    assert "CONTAINER=none" in done.stderr and "WHEEL_KIT" in done.stderr
+    # this test's own environment has them all
+    assert checks_cli("--host-env").returncode == 0
+
+
 def test_gpu_listed_by_nvidia_smi_passes(tmp_path: Path) -> None:
     smi = fake_tool(tmp_path, "nvidia-smi", "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)")
     path = f"{smi.parent}{os.pathsep}{os.environ['PATH']}"

@@ -133,12 +133,6 @@ def test_nothing_compiled_or_allocated_before_the_workload(leak_records, launche
             assert cached == set()
 
 
-def test_the_install_keys_a_server_computes_are_the_ones_a_job_reads() -> None:
-    from workloads import process_state
-
-    assert process_state.INSTALL_KEYS == forkserver.INSTALL_KEYS
-
-
 def test_unseeded_generators_are_reseeded_and_seeded_ones_start_from_the_seed(
         leak_records) -> None:
     forked, started = leak_records

@@ -286,12 +286,12 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
     ladder, module table, operator table and findings, with no edit to profbench; so do the
     three example models at CPU sizes (tests/models_smoke.yaml)."""
     config = yaml.safe_load(MODELS_SMOKE.read_text())
-    config["ladders"].append({
+    config["ladders"] = [{
         "name": "my_cnn",
         "base": {"workload": "model", "factory": f"{user_model}:make", "batch": 2},
         "rungs": [{"name": "fp32_eager", "ops": True},
                   {"name": "channels_last", "channels_last": True, "ops": False}],
-    })
+    }]
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(config))
     workdir = tmp_path / "work"
@@ -312,9 +312,9 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
     assert float(by_path["blocks.0"]["Backward CPU ms/step"]) > 0
     assert (results / "my_cnn_all_0_fp32_eager" / "stats" / "ops.csv").stat().st_size > 0
     assert (results / "findings.csv").exists()
-    record = json.loads((results / "resnet_tiny_all_0_fp32_eager" / "times.json").read_text())
+    record = json.loads((results / "resnet_tiny" / "times.json").read_text())
     assert record["structure"]["layers"] == "layer?.*" and record["flops_per_step"] > 0
     resnet = {r["Module"]: r for r in csv.DictReader(open(
-        results / "resnet_tiny_all_0_fp32_eager" / "stats" / "module_table.csv"))}
+        results / "resnet_tiny" / "stats" / "module_table.csv"))}
     assert resnet["layer1.0"]["Layer"] == "layer1.0"
     assert resnet["layer1.0.conv1"]["Sublayer"] == "conv1"

@@ -32,6 +32,7 @@ import torch
 from workloads import calibrate, flops, models, parallel, process_state, sleep, startgate
 from workloads.attention import IMPLS, SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
+from workloads.contract import EXIT_CODES
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpt import COMPILE_BLOCKS, SIZES
 from workloads.gpustate import GpuStateRecorder
@@ -42,7 +43,7 @@ from workloads.op_ranges import OP_RANGES
 from workloads.optim import OPTIMIZERS
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
-from workloads.status import EXIT_CODES, classify
+from workloads.status import classify
 from workloads.steps import (
     ATTENTION_MODES,
     COMPILE_MODES,

@@ -20,7 +20,7 @@ from torch import nn
 OPTIMIZERS = ("adamw_foreach", "adamw_fused", "adamw_master")
 # The update is one bandwidth-bound elementwise kernel per segment. Inductor would benchmark
 # its launch configs on the real buffers, cloning the ones it mutates for every config: on
-# the H100, 80-105 s of 2.7B's cold compile (benchmarks/NOTES-gpu.md).
+# the H100, 80-105 s of 2.7B's cold compile, for a step no faster.
 SEGMENT_COMPILE_OPTIONS = {"triton.autotune_pointwise": False}
 # Inductor's alignment assumption for GPU inputs (torch._inductor.utils.GPU_ALIGN_BYTES).
 INDUCTOR_ALIGNMENT = 16

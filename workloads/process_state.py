@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-LAUNCHER_ENV = "PROFBENCH_LAUNCHER"  # set to "fork" by pipeline/forkserver.py in its children
+from workloads.contract import INSTALL_KEYS, LAUNCHER_ENV
 
 
 def at_start() -> dict[str, Any]:
@@ -84,12 +84,6 @@ def after_build() -> dict[str, Any]:
     generator = torch.Generator()
     generator.set_state(torch.default_generator.get_state())
     return {"torch_draw_after_build": float(torch.rand(1, generator=generator))}
-
-
-# The functions whose cached values a fork server computes for its children
-# (pipeline/forkserver.py: INSTALL_KEYS; that module is the guard's, not imported here).
-INSTALL_KEYS = ("torch._inductor.codecache.torch_key", "torch._inductor.codecache.triton_key",
-                "triton.runtime.cache.triton_key")
 
 
 def _install_keys_cached() -> list[str]:

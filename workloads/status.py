@@ -2,9 +2,6 @@
 
 import torch
 
-# Exit codes of `python -m workloads` (2 stays argparse's usage error).
-EXIT_CODES = {"ok": 0, "error": 1, "oom": 3, "unsupported": 4}
-
 # Substrings of allocator failures that torch raises as plain RuntimeErrors (CPU allocator,
 # errors re-raised by torch.compile).
 _OOM_TEXT = (

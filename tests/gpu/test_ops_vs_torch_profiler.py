@@ -1,4 +1,4 @@
-"""GPU acceptance of the operator table (issue 17): on the eager GPT small bf16 train step
+"""GPU acceptance of the operator table: on the eager GPT small bf16 train step
 (naive attention, adamw_foreach: the ladder's bf16 rung), each of torch.profiler's top-10 ops
 by self CUDA time gets the same GPU time per step, within 10%, from the op capture and
 ``python -m analysis ops``.
@@ -43,7 +43,7 @@ NSYS_ARGS = ["profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
 ONE_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                      "OPENBLAS_NUM_THREADS")}
 # torch.profiler over the same workload: build_gpt with the CLI's settings, 5 warm-up steps,
-# then 10 steps, each synchronized; self device time and count per key.
+# then 10 steps, each synchronized; self CUDA time and count per key.
 PROFILER_SCRIPT = """
 import json, sys, torch
 from torch.profiler import ProfilerActivity, profile
