@@ -13,20 +13,34 @@ sleep workload, whose step times differ eightfold by construction.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, snakemake
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+from PIL import Image
 from timing_records import normal_processes, write_timing
 
 from analysis.metrics.timing import summarize
-from analysis.outputs import diff
+from analysis.outputs import diff, style
 from analysis.outputs.diff_noise import Side, noise_floor, process_noise, t_quantile_995, verdict
+from analysis.outputs.diff_plot import (
+    X_LABEL,
+    plain_ratio,
+    plot_ratios,
+    ratio_ticks,
+    ratios_figure,
+)
 from analysis.outputs.runs import read_timing
 
 H100 = REPO / "tests" / "fixtures" / "h100"
@@ -528,3 +542,68 @@ def test_pair_compares_renamed_runs() -> None:
         times["gpt_small_train_fp32_ctx512"] / times["gpt_small_train_bf16_ctx512"], rel=0.05)
     with pytest.raises(ValueError, match="no run 'nope' in the old folder"):
         diff.compare(side, side, pairs={"nope": "gpt_small_train_bf16_ctx512"})
+
+
+# --- the figure: report width, full labels, plain ratios ------------------------------------------
+
+
+def text_extents(fig: Figure) -> list[tuple[str, Bbox]]:
+    """Every visible, non-empty text of the drawn figure with its extent in pixels."""
+    renderer = fig.canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip()]
+
+
+def test_ratios_figure_fills_the_width_with_full_labels(tmp_path: Path) -> None:
+    """The two published standard runs and one real change (--pair): a figure at report
+    width whose axes take most of it, no text outside the canvas, the x label whole, ratio
+    ticks as plain numbers, the verdict colours from the style's palette."""
+    d64, d128 = "cs336_attn_naive_d64_s16384_forward", "cs336_attn_naive_d128_s16384_forward"
+    runs = diff.compare(STANDARD_OLD, STANDARD_NEW, pairs={d64: d128}).runs
+    fig = ratios_figure(runs)
+    fig.set_dpi(style.DPI)  # as saved
+    fig.canvas.draw()
+    width, height = fig.bbox.width, fig.bbox.height
+    assert width == style.WIDTH_IN * style.DPI
+    canvas = Bbox.from_bounds(0, 0, width, height)
+    texts = text_extents(fig)
+    outside = [t for t, box in texts if not (canvas.x0 <= box.x0 and box.x1 <= canvas.x1
+                                             and canvas.y0 <= box.y0 and box.y1 <= canvas.y1)]
+    assert outside == []
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == X_LABEL and X_LABEL in [t for t, _ in texts]
+    # every run named in full, one row each
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert sorted(names) == sorted(runs.loc[runs["speedup"].notna(), "run"])
+    # the axes and the run names beside them span the width
+    left = min(box.x0 for t, box in texts if t in names)
+    assert ax.get_position().width >= 0.5
+    assert (ax.get_window_extent().x1 - left) / width >= 0.9
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) >= 3 and all(re.fullmatch(r"\d+(\.\d+)?", t) for t in ticks), ticks
+    assert "1" in ticks
+    colors = {to_hex(line.get_color()) for line in ax.get_lines() if line.get_marker() == "o"}
+    assert colors <= {c.lower() for c in style.PALETTE}
+    # the real change is labelled with its number
+    slower = runs.set_index("run").loc[f"{d64}={d128}"]
+    assert slower["verdict"] == "slower"
+    assert f"{slower['change_pct']:+.0f}%" in [t for t, _ in texts]
+    # the saved PNG: report width, drawn across it
+    path = plot_ratios(runs, tmp_path / "ratios.png")
+    with Image.open(path) as image:
+        pixels = np.asarray(image.convert("L"))
+    assert pixels.shape[1] == width
+    drawn = np.flatnonzero((pixels < 250).any(axis=0))
+    assert (drawn[-1] - drawn[0]) / pixels.shape[1] >= 0.9
+
+
+def test_ratio_ticks_are_round_numbers() -> None:
+    assert ratio_ticks(0.37, 2.1) == [0.5, 0.7, 1, 1.5, 2]
+    assert ratio_ticks(0.05, 30) == [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20]
+    assert [plain_ratio(t) for t in ratio_ticks(0.37, 2.1)] == ["0.5", "0.7", "1", "1.5", "2"]
+
+
+def test_ratios_figure_without_a_matched_run_is_a_placeholder(tmp_path: Path) -> None:
+    runs = pd.DataFrame({"run": ["a"], "speedup": [None], "verdict": [None]})
+    path = plot_ratios(runs, tmp_path / "ratios.png")
+    assert not style.has_data(path)

@@ -1,4 +1,4 @@
-"""Findings that hold up (issue 17): never recommend what the run already has, label joint
+"""Findings that hold up: never recommend what the run already has, label joint
 gains, and the rules on the new tables (operator table, optimizer roofline).
 
 The results folder is a real H100 pipeline run: published/h100-2026-11-22b/default (the
@@ -130,13 +130,18 @@ def test_fixes_the_run_has_are_left_out_of_the_recommendation(ctx) -> None:
 
 
 def test_gain_from_a_rung_that_changes_more_is_a_joint_gain(findings) -> None:
+    every = "attention=sdpa; compile=reduce-overhead; optimizer=adamw_master; sdpa_backend=cudnn"
     casts = _finding(findings, "autocast_casts", BF16)
-    assert casts.gain_run == GRAPHS
-    # the rung applies both cast fixes (compile, adamw_master) and also changes attention
-    assert casts.joint_keys == "attention=sdpa; sdpa_backend=cudnn"
-    assert "joint gain with attention=sdpa; sdpa_backend=cudnn" in finding_sentence(casts)
+    assert casts.gain_run == GRAPHS and casts.gain_changes == every
+    # the rung applies both cast fixes (compile, adamw_master) and also changes attention:
+    # beyond one fix (compile, the first) are the optimizer and attention
+    assert casts.joint_keys == "attention=sdpa; optimizer=adamw_master; sdpa_backend=cudnn"
+    sentence = finding_sentence(casts)
+    assert "**joint gain** of every difference: " + every.replace("; ", ", ") in sentence
+    # this ladder has no rung that makes one of those changes alone
+    assert casts.single_gains is None and "alone" not in sentence
     attention = _finding(findings, "naive_attention", BF16)
-    assert attention.gain_run == GRAPHS
+    assert attention.gain_run == GRAPHS and attention.gain_changes == every
     assert attention.joint_keys == "compile=reduce-overhead; optimizer=adamw_master"
     launch = _finding(findings, "launch_bound", BF16)
     assert launch.joint_keys == "attention=sdpa; optimizer=adamw_master; sdpa_backend=cudnn"
@@ -149,7 +154,9 @@ def test_gain_from_a_rung_that_changes_more_is_a_joint_gain(findings) -> None:
 def test_gain_of_a_one_key_variant_is_not_joint(findings) -> None:
     gemm = _finding(findings, "fp32_gemm_no_tensor_cores", FP32)
     assert gemm.gain_run == BF16 and gemm.joint_keys is None
+    assert gemm.gain_changes == "dtype=bf16"
     assert "joint" not in finding_sentence(gemm)
+    assert "which differs only in dtype=bf16" in finding_sentence(gemm)
     # two later rungs apply a fused optimizer; the one that changes nothing else is chosen
     optimizer = _finding(findings, "unfused_optimizer", BF16)
     assert optimizer.gain_run == FUSED and optimizer.joint_keys is None
@@ -163,7 +170,8 @@ def test_one_op_dominating(findings, results) -> None:
     assert f.value >= f.threshold == 0.2
     # casts under autocast in an eager foreach run: both cast fixes, none applied yet
     assert f.fix == f"{FUSE_CASTS.text} or {MASTER_WEIGHTS.text}"
-    assert f.gain_run == GRAPHS and f.joint_keys == "attention=sdpa; sdpa_backend=cudnn"
+    assert f.gain_run == GRAPHS and f.joint_keys == (
+        "attention=sdpa; optimizer=adamw_master; sdpa_backend=cudnn")
     # its op capture cost +21%, under the 25% that calls for a warning
     assert not ((findings["rule"] == "high_op_overhead") & (findings["run"] == BF16)).any()
 

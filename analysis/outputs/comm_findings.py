@@ -1,11 +1,11 @@
 """Findings of distributed runs: exposed communication, stragglers, slow collectives, scaling.
 
-Each rule has the signature of analysis/outputs/findings.py's rules (``rule(ctx, run)``
-yielding its :class:`Finding`) and rests on one cell of ``distributed.csv``
+Each rule is a :data:`~analysis.outputs.finding_base.Rule` (``rule(ctx, run)`` yielding its
+:class:`Finding`) and rests on one cell of ``distributed.csv``
 (analysis/outputs/distributed.py). Where the config also ran the variant with the fix (the
 same run with another ``bucket_cap_mb`` for DDP, another ``reshard_after_forward`` for FSDP),
-the finding quotes that variant's measured speed-up with its 95% CI. findings.py's
-``find_all`` runs :data:`COMM_RULES` after its own rules (the findings rule has
+the finding quotes that variant's measured speed-up with its 95% CI and every key it changed.
+findings.py's ``find_all`` runs :data:`COMM_RULES` after its own rules (the findings rule has
 ``distributed.csv`` as an input when the config has distributed runs).
 """
 
@@ -16,9 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.outputs.findings import Context, Finding
-from analysis.outputs.runs import OK, empty_cell, read_json
-from analysis.outputs.speedup import speedup_row
+from analysis.outputs.finding_base import Context, Finding, Fix, Rule, measure_gain
+from analysis.outputs.runs import empty_cell, read_json
 
 DISTRIBUTED_CSV = "distributed.csv"
 # Thresholds (docs/distributed.md says why).
@@ -80,12 +79,8 @@ def with_gain(ctx: Context, f: Finding, key: str | None,
         return f
     if toward is not None and not toward(runs[f.run].get(key), runs[other].get(key)):
         return f
-    row = speedup_row(ctx.results / f.run, ctx.results / other)
-    if row["status"] == OK:
-        f.gain_run, f.gain = other, row["speedup"]
-        f.gain_ci_low, f.gain_ci_high = row["speedup_ci_low"], row["speedup_ci_high"]
-        f.gain_significant = bool(row["significant"])
-    return f
+    # the fix is the variant's setting of the key, as its workload ran it (defaults included)
+    return measure_gain(ctx, f, other, [Fix(f.fix, {key: (ctx.params(other).get(key),)})])
 
 
 def _fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
@@ -165,7 +160,7 @@ def poor_scaling(ctx: Context, run: str) -> Iterator[Finding]:
                    "say where the rest goes", "info")
 
 
-COMM_RULES: list[Callable[[Context, str], Iterator[Finding]]] = [
+COMM_RULES: list[Rule] = [
     exposed_communication, straggler_rank, slow_collectives, poor_scaling,
 ]
 

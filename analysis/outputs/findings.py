@@ -7,38 +7,52 @@ column and value, the value's column), so it can be checked by reading that one 
 A rule's fixes are :class:`Fix` objects: what to say and the run keys (with their values)
 that apply it. One check, for every rule (:func:`recommend`): a fix the run already has (its
 own keys, as its workload records them) is never recommended, and a finding whose fixes the
-run all has is dropped. When the results also hold the variant with a fix (any run that
-differs from this one only in the fix's keys, else a later rung of its ladder or a
-comparison's candidate), the finding quotes that measured speed-up with its 95% CI; a
-variant that also changes other keys gives a JOINT gain: ``joint_keys`` names them and the
-sentence says so.
+run all has is dropped. When the results also hold the variant with a fix, the finding quotes
+that measured speed-up with its 95% CI and every key the variant changed; a variant that
+changes more than one fix gives a JOINT gain (analysis/outputs/finding_base.py).
+
+On a run without GPU time (a CPU run) the rules that read GPU time per kernel category read
+the CPU time of the matching NVTX range instead (the phase table's ``CPU ms/step``).
 
     python -m analysis findings --results R [--summary R/summary.csv] -o R/findings.csv
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from functools import cached_property
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from analysis.metrics.categories import OPTIMIZER_PHASE
 from analysis.metrics.ops import OUTSIDE
 from analysis.metrics.roofline import ROOFLINE_SHARE
-from analysis.outputs.runs import OK, empty_cell, read_json, read_timing
-from analysis.outputs.speedup import speedup_row
-
-SUMMARY = "summary.csv"
+from analysis.outputs.comm_findings import COMM_RULES
+from analysis.outputs.finding_base import (
+    MEASUREMENT,
+    MEASUREMENT_KEYS,
+    ON,
+    PHASE_TABLE,
+    SUMMARY,
+    Context,
+    Finding,
+    Fix,
+    Rule,
+    finding_sentence,
+    findings_table,
+    rank,
+    recommend,
+    run_rules,
+)
+from analysis.outputs.runs import OK, empty_cell
 
 # Thresholds (documented in docs/findings.md; each rule says why its value).
 LAUNCH_BOUND_UTILIZATION = 0.5
 FP32_GEMM_SHARE = 20.0  # % of GPU time in GEMMs
 FP32_TENSOR_CORE_SHARE = 0.10
 CAST_SHARE = 10.0  # % of GPU time in copies/casts under autocast
-OPTIMIZER_SHARE = 15.0  # % of GPU time in the optimizer
+OPTIMIZER_SHARE = 15.0  # % of GPU time in the optimizer (of CPU time on a CPU run)
 SOFTMAX_SHARE = 5.0  # % of GPU time in softmax with naive attention
 SYNC_CALLS_PER_STEP = 1.0  # the harness synchronizes once per step
 LOW_OCCUPANCY = 0.25
@@ -49,158 +63,11 @@ SYNC_APIS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cu
 # time, the size of the ladder's smaller rungs (bf16 1.08x, fused AdamW 1.16x on GPT small).
 DOMINANT_OP_SHARE = 0.20
 HIGH_OP_OVERHEAD = 0.25  # the op ranges' cost on the traced step, as for the lean capture
-# Keys that set how a run is measured, not what it computes: never a difference between runs.
-MEASUREMENT_KEYS = ("warmup", "steps", "seed", "out", "op_ranges", "memory_limit_mb",
-                    "peak_tflops")
 # The run key of a whole-step CUDA graph (forward, backward and optimizer in one graph).
 STEP_GRAPH = "cuda_graph"
-ON = "on"  # a Fix value: the key set to anything but off
 
-
-@dataclass(frozen=True)
-class Fix:
-    """One thing to change: how to say it, and the run keys that apply it (key -> accepted
-    values, or ``ON``). ``also``: other key sets that already give what it gives (a whole-step
-    graph already has the step in CUDA graphs); ``companions``: keys that go with the fix
-    (the SDPA backend with SDPA), part of it when a variant changes them too."""
-
-    text: str
-    keys: dict[str, Any]
-    also: tuple[dict[str, Any], ...] = ()
-    companions: tuple[str, ...] = ()
-
-    def applied(self, params: dict[str, Any]) -> bool:
-        return any(all(_matches(params.get(k), v) for k, v in keys.items())
-                   for keys in (self.keys, *self.also))
-
-    @property
-    def all_keys(self) -> set[str]:
-        return {k for keys in (self.keys, *self.also) for k in keys} | set(self.companions)
-
-
-def _matches(value: Any, accepted: Any) -> bool:
-    if accepted == ON:
-        return value not in (None, "off", False)
-    return value in accepted
-
-
-@dataclass
-class Finding:
-    rule: str
-    run: str
-    title: str
-    value: float
-    threshold: float
-    source: str  # CSV path relative to the results folder
-    key_column: str
-    key: str
-    value_column: str
-    fix: str
-    severity: str = "medium"
-    gain_run: str | None = None
-    gain: float | None = None
-    gain_ci_low: float | None = None
-    gain_ci_high: float | None = None
-    gain_significant: bool | None = None
-    # the variant also changed these keys ("key=value; ..."): the gain is a joint gain
-    joint_keys: str | None = None
-
-
-def _present(params: dict[str, Any]) -> dict[str, Any]:
-    """A summary row as parameters: empty cells (NaN) are unset keys, not values."""
-    return {k: v for k, v in params.items() if not empty_cell(v)}
-
-
-class Context:
-    """One results folder: the summary and lazily read per-run CSVs."""
-
-    def __init__(self, results: Path, summary: pd.DataFrame) -> None:
-        self.results = results
-        self.summary = summary
-        self.by_run = summary.set_index("run")
-        self._params: dict[str, dict[str, Any]] = {}
-
-    def stats(self, run: str, name: str) -> pd.DataFrame | None:
-        path = self.results / run / "stats" / f"{name}.csv"
-        try:
-            return pd.read_csv(path)
-        except (OSError, pd.errors.EmptyDataError):
-            return None
-
-    def cell(self, run: str, column: str) -> Any:
-        value = self.by_run.loc[run].get(column) if run in self.by_run.index else None
-        return None if empty_cell(value) else value
-
-    def category_share(self, run: str, category: str) -> float | None:
-        table = self.stats(run, "kernel_categories")
-        if table is None:
-            return None
-        row = table.loc[table["Category"] == category, "Time (%)"]
-        return float(row.iloc[0]) if len(row) else None
-
-    @cached_property
-    def plan(self) -> dict[str, Any]:
-        return read_json(self.results / "plan.json") or {}
-
-    def params(self, run: str) -> dict[str, Any]:
-        """The run's keys as its workload ran them (defaults included): the first timing
-        record's, else the traced record's, else the plan's, else the summary row's."""
-        if run not in self._params:
-            timing = read_timing(self.results / run)
-            records = timing.ok_records or timing.records
-            record = records[0] if records else read_json(self.results / run / "times.json")
-            if record and record.get("params"):
-                params = {"workload": record.get("workload"), **record["params"]}
-            elif run in self.plan.get("runs", {}):
-                params = dict(self.plan["runs"][run].get("params", {}))
-            elif run in self.by_run.index:
-                params = _present(self.by_run.loc[run].to_dict())
-            else:
-                params = {}
-            self._params[run] = {k: v for k, v in params.items() if k not in MEASUREMENT_KEYS}
-        return self._params[run]
-
-    def changed_keys(self, run: str, other: str) -> dict[str, tuple[Any, Any]]:
-        """key -> (this run's value, the other's), for every key the two runs differ in."""
-        a, b = self.params(run), self.params(other)
-        return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-    def related(self, run: str) -> list[str]:
-        """Runs configured as this run's next steps: the later rungs of its ladder (nearest
-        first), then the candidates of comparisons whose baseline it is."""
-        out: list[str] = []
-        info = self.by_run.loc[run]
-        if isinstance(info.get("ladder"), str):
-            same = self.summary[
-                (self.summary["ladder"] == info["ladder"])
-                & (self.summary["ladder_group"] == info["ladder_group"])
-                & (self.summary["rung_index"] > info["rung_index"])
-            ].sort_values("rung_index")
-            out += [str(r) for r in same["run"]]
-        out += [c["b"] for c in self.plan.get("comparisons", []) if c["a"] == run]
-        return out
-
-    def fix_variant(self, run: str, fixes: list[Fix]) -> tuple[str, dict[str, Any]] | None:
-        """The measured run that applies one of ``fixes`` to this one, and the keys it changes
-        beyond them: a run differing in the fixes' keys only, else the related run (ladder,
-        comparison) with the fewest other changes (then the nearest)."""
-        ok = set(self.summary.loc[self.summary["status"] == OK, "run"].astype(str))
-        related = [r for r in self.related(run) if r in ok]
-        best: tuple[tuple[int, int], str, dict[str, Any]] | None = None
-        for rank, other in enumerate([*related, *sorted(ok - set(related) - {run})]):
-            target = self.params(other)
-            applied = [f for f in fixes if f.applied(target)]
-            if not applied:
-                continue
-            fix_keys = set().union(*(f.all_keys for f in applied))
-            changed = self.changed_keys(run, other)
-            others = {k: v for k, v in changed.items() if k not in fix_keys}
-            if others and other not in related:
-                continue  # an unrelated run that differs in more than the fix proves nothing
-            key = (len(others), rank)
-            if best is None or key < best[0]:
-                best = (key, other, others)
-        return None if best is None else (best[1], best[2])
+__all__ = ["Context", "Finding", "Fix", "MEASUREMENT_KEYS", "ON", "RULES", "find_all",
+           "finding_sentence", "findings_table", "rank", "recommend"]
 
 
 def _summary_finding(ctx: Context, run: str, rule: str, column: str, threshold: float,
@@ -216,6 +83,25 @@ def _category_finding(ctx: Context, run: str, rule: str, category: str, threshol
                    value=float(ctx.category_share(run, category) or 0), threshold=threshold,
                    source=f"{run}/stats/kernel_categories.csv", key_column="Category",
                    key=category, value_column="Time (%)", fix=fix)
+
+
+def _cpu_range_finding(ctx: Context, run: str, rule: str, name: str, share_pct: float,
+                       what: str) -> Finding | None:
+    """A finding on the CPU time of NVTX range ``name`` when it is at least ``share_pct``% of
+    the step's: the cell is the range's ``CPU ms/step``, the threshold that share of the
+    step's CPU ms."""
+    found = ctx.cpu_range(run, name)
+    if found is None:
+        return None
+    ms, step = found
+    if ms / step * 100 < share_pct:
+        return None
+    return Finding(rule=rule, run=run,
+                   title=f"{what}: {ms / step:.0%} of the step's CPU time in {name} "
+                         f"({ms:.3g} of {step:.3g} ms)",
+                   value=ms, threshold=share_pct / 100 * step,
+                   source=f"{run}/stats/{PHASE_TABLE}.csv", key_column="Range", key=name,
+                   value_column="CPU ms/step", fix="")
 
 
 # -- fixes: what each rule may recommend -----------------------------------------------------
@@ -238,18 +124,6 @@ def sdpa_fix(params: dict[str, Any]) -> Fix:
     key = "attention" if params.get("workload") == "gpt" else "impl"
     return Fix(f"use scaled_dot_product_attention ({key}: sdpa) with the cuDNN or flash backend",
                {key: ("sdpa",)}, companions=("sdpa_backend",))
-
-
-def recommend(ctx: Context, f: Finding, fixes: list[Fix]) -> Finding | None:
-    """``f`` with the fixes the run does not have yet (None when it has them all) and the
-    measured gain of the best variant that applies one of them."""
-    todo = [x for x in fixes if not x.applied(ctx.params(f.run))]
-    if fixes and not todo:
-        return None
-    if todo:
-        f.fix = " or ".join(x.text for x in todo)
-        _with_gain(ctx, f, todo)
-    return f
 
 
 # -- rules: each yields its findings for one run ---------------------------------------------
@@ -300,15 +174,22 @@ def autocast_weight_casts(ctx: Context, run: str) -> Iterator[Finding]:
 
 
 def unfused_optimizer(ctx: Context, run: str) -> Iterator[Finding]:
-    """The multi-tensor AdamW launches several passes over all parameters per step."""
-    share = ctx.category_share(run, "Optimizer")
-    if share and share >= OPTIMIZER_SHARE and ctx.params(run).get("mode") == "train":
+    """The multi-tensor AdamW launches several passes over all parameters per step. On a run
+    without GPU time: the optimizer_step range's share of the step's CPU time."""
+    if ctx.params(run).get("mode") != "train":
+        return
+    if ctx.has_gpu_time(run):
+        share = ctx.category_share(run, "Optimizer")
         f = _category_finding(
             ctx, run, "unfused_optimizer", "Optimizer", OPTIMIZER_SHARE,
-            f"unfused optimizer: {share:.0f}% of GPU time in AdamW", "")
-        found = recommend(ctx, f, [FUSED_OPTIMIZER])
-        if found:
-            yield found
+            f"unfused optimizer: {share:.0f}% of GPU time in AdamW",
+            "") if share and share >= OPTIMIZER_SHARE else None
+    else:
+        f = _cpu_range_finding(ctx, run, "unfused_optimizer", OPTIMIZER_PHASE,
+                               OPTIMIZER_SHARE, "unfused optimizer")
+    found = f and recommend(ctx, f, [FUSED_OPTIMIZER])
+    if found:
+        yield found
 
 
 def naive_attention(ctx: Context, run: str) -> Iterator[Finding]:
@@ -371,11 +252,14 @@ def low_occupancy_kernel(ctx: Context, run: str) -> Iterator[Finding]:
 
 def _overhead_finding(ctx: Context, run: str, rule: str, column: str, threshold: float,
                       what: str, fix: str) -> Iterator[Finding]:
-    """An info finding when the summary's overhead `column` is above `threshold`."""
+    """A finding about the measurement when the summary's overhead `column` is above
+    `threshold`."""
     overhead = ctx.cell(run, column)
     if overhead is not None and overhead > threshold:
-        yield _summary_finding(ctx, run, rule, column, threshold,
-                               f"{what} by {overhead:.0%}", fix, "info")
+        f = _summary_finding(ctx, run, rule, column, threshold, f"{what} by {overhead:.0%}",
+                             fix, "info")
+        f.about = MEASUREMENT
+        yield f
 
 
 def high_profiler_overhead(ctx: Context, run: str) -> Iterator[Finding]:
@@ -390,12 +274,13 @@ def unstable_timing(ctx: Context, run: str) -> Iterator[Finding]:
     """The step time's CI is wide: the number could move on a rerun."""
     if bool(ctx.cell(run, "unstable")):
         half = ctx.cell(run, "step_ci_half_width_rel")
-        threshold = float((read_json(ctx.results / "plan.json") or {}).get("timing", {}).get(
-            "unstable_threshold", 0.03))
-        yield _summary_finding(
+        threshold = float(ctx.plan.get("timing", {}).get("unstable_threshold", 0.03))
+        f = _summary_finding(
             ctx, run, "unstable_timing", "step_ci_half_width_rel", threshold,
             f"unstable timing: 95% CI is ±{half:.1%} of the median",
             "more repeats or steps; check gpu_state flags (throttling, other processes)", "info")
+        f.about = MEASUREMENT
+        yield f
 
 
 def op_fixes(op: str, params: dict[str, Any]) -> list[Fix]:
@@ -470,58 +355,13 @@ def high_op_overhead(ctx: Context, run: str) -> Iterator[Finding]:
         "are kernel times and hold")
 
 
-RULES: list[Callable[[Context, str], Iterator[Finding]]] = [
+RULES: list[Rule] = [
     launch_bound, fp32_gemm_without_tensor_cores, autocast_weight_casts, unfused_optimizer,
     naive_attention, dominant_op, optimizer_at_roofline, host_syncs_in_step,
     low_occupancy_kernel, high_profiler_overhead, high_op_overhead, unstable_timing,
 ]
 
 
-def _with_gain(ctx: Context, f: Finding, fixes: list[Fix]) -> Finding:
-    found = ctx.fix_variant(f.run, fixes)
-    if found is None:
-        return f
-    variant, others = found
-    row = speedup_row(ctx.results / f.run, ctx.results / variant)
-    if row["status"] == OK:
-        f.gain_run, f.gain = variant, row["speedup"]
-        f.gain_ci_low, f.gain_ci_high = row["speedup_ci_low"], row["speedup_ci_high"]
-        f.gain_significant = bool(row["significant"])
-        f.joint_keys = "; ".join(f"{k}={new}" for k, (_, new) in others.items()) or None
-    return f
-
-
 def find_all(results: Path, summary: pd.DataFrame) -> list[Finding]:
-    # distributed runs' rules (they import Finding and Context from here)
-    from analysis.outputs.comm_findings import COMM_RULES
-
-    ctx = Context(results, summary)
-    out: list[Finding] = []
-    for run in summary.loc[summary["status"] == OK, "run"]:
-        for rule in (*RULES, *COMM_RULES):
-            out.extend(rule(ctx, str(run)))
-    return sorted(out, key=_rank)
-
-
-def _rank(f: Finding) -> tuple[int, int, float]:
-    """Severity first; then a gain measured for the fix alone, a joint gain, no gain; then
-    the larger gain."""
-    evidence = 2 if f.gain is None else (1 if f.joint_keys else 0)
-    return {"high": 0, "medium": 1, "info": 2}[f.severity], evidence, -(f.gain or 0)
-
-
-def findings_table(findings: list[Finding]) -> pd.DataFrame:
-    columns = list(Finding.__dataclass_fields__)
-    return pd.DataFrame([asdict(f) for f in findings], columns=columns)
-
-
-def finding_sentence(f: Finding) -> str:
-    """One line for the report: what, where, the fix, and its measured gain (joint when the
-    variant changed more than the fix)."""
-    text = f"**{f.run}**: {f.title} → {f.fix}"
-    if f.gain is not None:
-        sig = "" if f.gain_significant else ", not significant"
-        joint = f", joint gain with {f.joint_keys}" if f.joint_keys else ""
-        text += (f"; measured: **{f.gain:.2f}×** faster in `{f.gain_run}` "
-                 f"(95% CI {f.gain_ci_low:.2f}–{f.gain_ci_high:.2f}{sig}{joint})")
-    return text + f" [`{f.source}` {f.key_column}={f.key} {f.value_column}]"
+    """Every rule, distributed runs' included, over every finished run, ranked."""
+    return run_rules(results, summary, [*RULES, *COMM_RULES])

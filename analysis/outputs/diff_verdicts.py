@@ -1,0 +1,234 @@
+"""``analysis diff``, comparing the two sides: per run the step time with its CI on each side,
+the ratio and the verdict (the rule is :mod:`analysis.outputs.diff_noise`'s), and for a changed
+run the kernel categories, kernels and NVTX ranges that account for the change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics.phases import _kind as range_kind
+from analysis.metrics.timing import speedup, summarize
+from analysis.outputs.diff_load import (
+    PROVENANCE_FIELDS,
+    Run,
+    UnusableInput,
+    check_summaries,
+    find_runs,
+    per_step_table,
+    range_table,
+    side_provenance,
+)
+from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, Side, noise_floor
+from analysis.outputs.diff_noise import verdict as noise_verdict
+from analysis.outputs.runs import OK
+
+DEFAULT_THRESHOLD_PCT = 5.0
+# NVTX ranges that span the whole step: they always "explain" 100% and say nothing.
+STEP_KINDS = {"step", "other"}
+RUN_COLUMNS = [
+    "run", "presence", "status", "verdict", "old_ms", "old_ci_low_ms", "old_ci_high_ms",
+    "new_ms", "new_ci_low_ms", "new_ci_high_ms", "change_pct", "speedup", "speedup_ci_low",
+    "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
+    "new_noise_pct", "old_timing_source", "new_timing_source",
+    "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
+]  # fmt: skip
+EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
+                   "share_of_change"]
+VERDICT_ORDER = {v: i for i, v in enumerate(VERDICTS)}
+NUMERIC_COLUMNS = [
+    "old_ms", "old_ci_low_ms", "old_ci_high_ms", "new_ms", "new_ci_low_ms", "new_ci_high_ms",
+    "change_pct", "speedup", "speedup_ci_low", "speedup_ci_high", "noise_floor_pct",
+    "old_noise_pct", "new_noise_pct",
+]  # fmt: skip
+
+
+def side_stats(per_process_ms: list[list[float]]) -> tuple[Side, int]:
+    """A side's estimate, 95% CI and per-process medians (the verdict's input), and its
+    process count."""
+    s = summarize(per_process_ms)
+    medians = tuple(float(np.median(p)) for p in per_process_ms if len(p))
+    return Side(s.median_ms, s.ci_low_ms, s.ci_high_ms, medians), s.processes
+
+
+def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> dict[str, Any]:
+    """runs.csv row: both sides' step time with CI, the ratio's CI, the verdict."""
+    row: dict[str, Any] = {c: None for c in RUN_COLUMNS}
+    row["run"] = name
+    if old is None or new is None:
+        row["presence"] = "old_only" if new is None else "new_only"
+        return row
+    row["presence"] = "both"
+    row["old_folders"], row["new_folders"] = len(old.dirs), len(new.dirs)
+    row["params_changed"] = params_changed(old.params(), new.params())
+    (ot, osrc), (nt, nsrc) = old.timing(), new.timing()
+    row.update(old_timing_source=osrc, new_timing_source=nsrc)
+    failed = [f"{side}: {t.status}" for side, t in (("old", ot), ("new", nt)) if t.status != OK]
+    if failed:
+        row["status"] = "; ".join(failed)
+        return row
+    (so, old_n), (sn, new_n) = side_stats(ot.per_process_ms), side_stats(nt.per_process_ms)
+    s = speedup(ot.per_process_ms, nt.per_process_ms)
+    row.update(
+        status=OK, old_ms=so.median_ms, old_ci_low_ms=so.ci_low_ms, old_ci_high_ms=so.ci_high_ms,
+        new_ms=sn.median_ms, new_ci_low_ms=sn.ci_low_ms, new_ci_high_ms=sn.ci_high_ms,
+        change_pct=(sn.median_ms / so.median_ms - 1) * 100, speedup=s.ratio,
+        speedup_ci_low=s.ci_low, speedup_ci_high=s.ci_high, significant=s.significant,
+        cis_separate=sn.ci_low_ms > so.ci_high_ms or so.ci_low_ms > sn.ci_high_ms,
+        noise_floor_pct=noise_floor(so, sn, threshold) * 100,
+        old_noise_pct=so.process_noise_rel * 100, new_noise_pct=sn.process_noise_rel * 100,
+        verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
+    )  # fmt: skip
+    return row
+
+
+def params_changed(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """``key: old->new`` for every workload parameter that differs."""
+    keys = sorted(set(old) | set(new))
+    return "; ".join(f"{k}: {old.get(k)}->{new.get(k)}" for k in keys if old.get(k) != new.get(k))
+
+
+def explain(
+    old: pd.Series | None, new: pd.Series | None, step_delta_ms: float
+) -> pd.DataFrame:
+    """Per key: ms per step old/new, the difference and its share of the step-time change,
+    largest absolute difference first. A key missing on one side counts 0 there."""
+    if old is None and new is None:
+        return pd.DataFrame(columns=["key", *EXPLAIN_COLUMNS[2:]])
+    table = pd.concat({"old_ms_per_step": old if old is not None else pd.Series(dtype=float),
+                       "new_ms_per_step": new if new is not None else pd.Series(dtype=float)},
+                      axis=1).fillna(0.0)
+    table["delta_ms_per_step"] = table["new_ms_per_step"] - table["old_ms_per_step"]
+    table["share_of_change"] = table["delta_ms_per_step"] / step_delta_ms if step_delta_ms else None
+    table = table.reindex(table["delta_ms_per_step"].abs().sort_values(ascending=False).index)
+    return table.rename_axis("key").reset_index()
+
+
+@dataclass
+class Explanation:
+    categories: pd.DataFrame
+    kernels: pd.DataFrame
+    ranges: pd.DataFrame
+    range_basis: str
+
+
+def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
+    """Kernel categories, kernels and NVTX ranges of a changed run, old vs new."""
+    def table(r: Run, name: str, key: str) -> pd.Series | None:
+        return per_step_table(r, name, key, "Total Time (ns)")
+
+    categories = explain(table(old, "kernel_categories.csv", "Category"),
+                         table(new, "kernel_categories.csv", "Category"), step_delta_ms)
+    kernels = explain(table(old, "cuda_gpu_kern_sum.csv", "Name"),
+                      table(new, "cuda_gpu_kern_sum.csv", "Name"), step_delta_ms)
+    ro, rn, basis = range_table(old, new)
+    ranges = explain(ro, rn, step_delta_ms)
+    ranges.insert(1, "kind", [range_kind(str(k)) for k in ranges["key"]])
+    return Explanation(categories, kernels, ranges, basis)
+
+
+def top_range(ranges: pd.DataFrame) -> str | None:
+    """The NVTX range inside the phases (a layer, sublayer or op) whose time changed most."""
+    inner = ranges[~ranges["kind"].isin(STEP_KINDS | {"phase"})]
+    return None if inner.empty else str(inner["key"].iloc[0])
+
+
+def provenance_table(old: dict[str, str], new: dict[str, str]) -> pd.DataFrame:
+    """One row per field, the differing ones first."""
+    rows = [{"field": f, "old": old[f], "new": new[f], "differs": old[f] != new[f]}
+            for f in PROVENANCE_FIELDS]
+    table = pd.DataFrame(rows)
+    return table.sort_values("differs", ascending=False, kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class Diff:
+    old: Path
+    new: Path
+    runs: pd.DataFrame
+    provenance: pd.DataFrame
+    explanations: dict[str, Explanation]
+    threshold: float
+
+
+def apply_pairs(old_runs: dict[str, Any], new_runs: dict[str, Any],
+                pairs: dict[str, str]) -> dict[str, Any]:
+    """``--pair OLD=NEW``: compare differently named runs (e.g. a matrix run and the ladder
+    rung that replaced it) under the name ``OLD=NEW``; their parameter changes are listed."""
+    old_runs = dict(old_runs)
+    for old_name, new_name in pairs.items():
+        if old_name not in old_runs:
+            raise UnusableInput(f"--pair {old_name}={new_name}: no run {old_name!r} in the old "
+                                "folder")
+        if new_name not in new_runs:
+            raise UnusableInput(f"--pair {old_name}={new_name}: no run {new_name!r} in the new "
+                                "folder")
+        label = f"{old_name}={new_name}"
+        old_runs[label] = old_runs.pop(old_name)
+        new_runs[label] = new_runs.pop(new_name)
+    return old_runs
+
+
+def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+            pairs: dict[str, str] | None = None) -> Diff:
+    """Match the runs of two results folders and explain every changed one. Raises
+    :class:`UnusableInput` when either folder is not a finished results folder or the two
+    have no run in common (``pairs`` included)."""
+    old_runs, new_runs = find_runs(old), find_runs(new)
+    check_summaries(old, old_runs, "old")
+    check_summaries(new, new_runs, "new")
+    old_runs = apply_pairs(old_runs, new_runs, pairs or {})
+    if not set(old_runs) & set(new_runs):
+        raise UnusableInput(f"no run in common: old {old} has {len(old_runs)} runs, new {new} "
+                            f"{len(new_runs)}, none of the same name (--pair OLD_RUN=NEW_RUN "
+                            "compares renamed runs)")
+    threshold = threshold_pct / 100
+    names = sorted(set(old_runs) | set(new_runs))
+    rows = [run_row(n, old_runs.get(n), new_runs.get(n), threshold) for n in names]
+    runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    runs[NUMERIC_COLUMNS] = runs[NUMERIC_COLUMNS].astype(float)  # None when no side measured
+    runs = _sorted_runs(runs)
+    counts = ["old_processes", "new_processes", "old_folders", "new_folders"]
+    runs[counts] = runs[counts].astype("Int64")
+    explanations = {}
+    for row in runs.itertuples():
+        if row.verdict in (FASTER, SLOWER):
+            explanations[row.run] = explain_run(old_runs[row.run], new_runs[row.run],
+                                                row.new_ms - row.old_ms)
+    prov = provenance_table(side_provenance(old, old_runs), side_provenance(new, new_runs))
+    return Diff(old, new, runs, prov, explanations, threshold)
+
+
+def _sorted_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Slower first (worst first), then faster, then within noise, then failed and one-sided
+    runs."""
+    rank = runs["verdict"].map(VERDICT_ORDER).fillna(3)
+    presence = (runs["presence"] != "both").astype(int)
+    magnitude = -(runs["change_pct"].abs().fillna(0))
+    order = pd.DataFrame({"p": presence, "r": rank, "m": magnitude, "n": runs["run"]})
+    return runs.loc[order.sort_values(["p", "r", "m", "n"]).index].reset_index(drop=True)
+
+
+def explanation_csv(diff: Diff, part: str, key: str) -> pd.DataFrame:
+    """categories / kernels / ranges of every changed run in one long table."""
+    frames = []
+    verdicts = dict(zip(diff.runs["run"], diff.runs["verdict"], strict=True))
+    for run, exp in diff.explanations.items():
+        table = getattr(exp, part).rename(columns={"key": key}).copy()
+        table.insert(0, "run", run)
+        table.insert(1, "verdict", verdicts[run])
+        if part == "ranges":
+            table.insert(3, "basis", exp.range_basis)
+        frames.append(table)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "verdict", key, *EXPLAIN_COLUMNS[2:]])
+
+
+def slower_runs(runs: pd.DataFrame, fail_pct: float) -> pd.DataFrame:
+    """Runs reported ``slower`` whose step time grew by more than ``fail_pct`` percent."""
+    return runs[(runs["verdict"] == SLOWER) & (runs["change_pct"] > fail_pct)]
