@@ -46,4 +46,5 @@ rule all:
         f"{RESULTS}/SUMMARY.md",
         DIFF_OUTPUTS,
         DISTRIBUTED_OUTPUTS,
+        TRACE_OUTPUTS,
     default_target: True

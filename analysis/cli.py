@@ -2,7 +2,8 @@
 
 Per run (one export): ``stats`` (the seven nsys reports), ``extras`` (what nsys lacks)
 and ``all`` (both, reading the export once: what the pipeline runs); ``ops`` (the operator
-table of an op capture); ``ranks`` (one distributed run's per-rank exports together).
+table of an op capture); ``ranks`` (one distributed run's per-rank exports together);
+``trace`` (a Perfetto trace and a timeline figure of the measured steps).
 Across runs:
 ``compare`` (A vs B captures), ``aggregate`` (summary.csv), ``speedup`` (untraced A vs B
 with CI), ``ladders``, ``findings``, ``plots`` (the report's figures), ``overview``
@@ -89,9 +90,36 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     rk.add_argument("exports", type=Path, nargs="+", help="each rank's export, in rank order")
     rk.add_argument("--times", type=Path, required=True, help="the run's times.json (status)")
     rk.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    add_trace_command(sub)
     add_results_commands(sub, full=command is None or command in PANDAS_COMMANDS
                          or command.startswith("-"))
     return p
+
+
+def add_trace_command(sub: argparse._SubParsersAction) -> None:
+    """``trace``: a Perfetto trace and a timeline figure of a run's measured steps."""
+    tr = sub.add_parser("trace", help="Perfetto trace of the measured steps (open it in "
+                        "ui.perfetto.dev) and the timeline figure of one step")
+    tr.set_defaults(handler=run_trace)
+    tr.add_argument("exports", type=Path, nargs="*",
+                    help="nsys SQLite export; a distributed run: each rank's, in rank order "
+                    "(none: the captures are gone; a trace in the output folder is kept)")
+    tr.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    tr.add_argument("--steps", default="median",
+                    help="measured steps in the trace (0-based): median (default: the median "
+                    "step and the next), all, N or A-B")
+    tr.add_argument("--record", type=Path, default=None,
+                    help="the run's result record (times.json): status, graph_phases, layers")
+    tr.add_argument("--torch-trace", type=Path, default=None, metavar="DIR",
+                    help="TORCH_TRACE folder of the capture: compiled kernels' layers, modules")
+    tr.add_argument("--name", default=None,
+                    help="the figure's title (default: the export's folder name)")
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from analysis.outputs.trace import run
+
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +245,16 @@ def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> 
     ds = _over_results(sub, "distributed", "distributed.csv: scaling, exposed communication, "
                        "stragglers, bandwidth; and its figures", run_distributed, "CSV to write")
     ds.add_argument("--plots", type=Path, default=None, help="folder for its two figures")
+    hs = sub.add_parser("history", help="a system's history.csv: results folders' runs by "
+                        "commit, and the headline rungs over commits (PNG)")
+    hs.set_defaults(handler=run_history)
+    hs.add_argument("results", type=Path, nargs="+", help="results folders to add")
+    hs.add_argument("--system", required=True, help="the system's name, e.g. h100")
+    hs.add_argument("--config", required=True, help="the config the folders ran, e.g. standard")
+    hs.add_argument("-o", "--output", type=Path, required=True, help="history CSV to update")
+    hs.add_argument("--plot", type=Path, default=None, help="also draw the headline rungs")
+    hs.add_argument("--plot-configs", nargs="+", default=None,
+                    help="the configs the figure shows (default: all in the history)")
     df = sub.add_parser("diff", help="two results folders, run by run, with the ranges why")
     if full:
         from analysis.outputs import diff
@@ -284,6 +322,16 @@ def run_plots(args: argparse.Namespace) -> int:
 
     paths = write_figures(args.summary, args.results, args.output, args.jobs)
     print(f"wrote {len(paths)} figures to {args.output}")
+    return 0
+
+
+def run_history(args: argparse.Namespace) -> int:
+    from analysis.outputs.history import plot_history, update_history
+
+    history = update_history(args.output, [(r, args.system, args.config) for r in args.results])
+    print(f"wrote {args.output}: {len(history)} rows")
+    if args.plot:
+        plot_history(history, args.plot, args.plot_configs)
     return 0
 
 

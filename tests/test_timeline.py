@@ -1,0 +1,94 @@
+"""The timeline figure of one measured step (analysis/outputs/timeline.py) on real H100 and
+H200 captures: its text stays on the canvas, one band per training phase in step order,
+layers in order, and idle GPU time left white exactly where the export has no GPU op."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.metrics.extras import RunInputs
+from analysis.metrics.phases import PHASES
+from analysis.outputs.timeline import PIXELS, step_of, timeline, timeline_figure
+from analysis.outputs.traceevents import read_ranks
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H100 = FIXTURES / "h100"
+RO = H100 / "compiled_small_fused_reduce-overhead"
+CASES = {
+    "eager": ([H100 / "gpt_small_train_bf16_ctx512.sqlite"], None, None),
+    "cuda_graphs": ([RO.with_suffix(".sqlite")], RO.with_suffix(".json"),
+                    RO.parent / (RO.name + "_torch_trace")),
+    "ddp_rank": ([FIXTURES / "h200x2" / "gpt_small_ddp2_rank1.sqlite"], None, None),
+}
+GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+              "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+def _ranks(case: str):
+    exports, record, torch_trace = CASES[case]
+    return read_ranks(exports, run=RunInputs.load(record, torch_trace))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_text_stays_on_the_canvas(case: str) -> None:
+    """Everything drawn (labels, legend, title; matplotlib's tight box of the drawn
+    artists) lies inside the figure."""
+    fig = timeline_figure(_ranks(case), f"gpt_small_{case}")
+    fig.canvas.draw()
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+    width, height = fig.get_size_inches()
+    assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01
+    assert drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert any("stream" in t for t in labels) and any("host" in t for t in labels)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_band_per_phase_in_step_order(case: str) -> None:
+    tl = timeline(_ranks(case))
+    phase_row = next(r for r in tl.groups[0] if r.label.endswith("phase"))
+    keys = [k for k, _, _ in sorted(phase_row.bands, key=lambda b: b[1])]
+    assert len(keys) == len(set(keys)), "a phase drawn twice"
+    assert [PHASES[k] for k in keys] == [p for p in PHASES if PHASES.index(p) in keys]
+    assert {"forward_pass", "backward_pass", "optimizer_step"} <= {PHASES[k] for k in keys}
+
+
+def test_layers_are_banded_and_labelled_in_order() -> None:
+    """GPT small's 12 layers: forward first to last, labelled L0..L11."""
+    tl = timeline(_ranks("eager"))
+    layer_row = next(r for r in tl.groups[0] if r.label.endswith("layer"))
+    assert [text for _, text in sorted(layer_row.layer_labels)] == [f"L{i}" for i in range(12)]
+
+
+def _busy_columns(export: Path, lo: int, hi: int, edges: np.ndarray) -> np.ndarray:
+    """Pixel columns any GPU op of the export overlaps (plain SQL and integer arithmetic)."""
+    busy = np.zeros(PIXELS, bool)
+    with sqlite3.connect(f"file:{export}?mode=ro", uri=True) as con:
+        tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master")}
+        for table in tables.intersection(GPU_TABLES):
+            for start, end in con.execute(f"SELECT start, end FROM {table} WHERE end > ?"
+                                          " AND start < ? AND end > start", (lo, hi)):
+                first = max(int(np.searchsorted(edges, start, "right")) - 1, 0)
+                last = min(int(np.searchsorted(edges, end, "left")) - 1, PIXELS - 1)
+                busy[first:last + 1] = True
+    return busy
+
+
+@pytest.mark.parametrize("case", ["eager", "ddp_rank"])
+def test_idle_gpu_time_is_white(case: str) -> None:
+    """A stream row's pixel is white exactly where no GPU op ran (one stream per capture
+    here, or the union of the streams)."""
+    ranks = _ranks(case)
+    tl = timeline(ranks)
+    lo, hi, _ = step_of(ranks[0])
+    streams = [r for r in tl.groups[0] if "stream" in r.label]
+    drawn = np.zeros(PIXELS, bool)
+    for row in streams:
+        drawn |= (row.rgb < 1).any(axis=1)
+    expected = _busy_columns(CASES[case][0][0], lo, hi, tl.edges)
+    assert 0.02 < 1 - expected.mean(), "the step has idle time to show"
+    assert (drawn == expected).all()
