@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU nodes
 import matplotlib.pyplot as plt  # noqa: E402
@@ -24,29 +25,53 @@ WIDTH_IN = 10.0
 DPI = 120
 ROW_IN = 0.3  # height per bar row of a horizontal bar chart
 
-# -- kernel categories: fixed order of CATEGORIES, so a color never moves between runs ----
-_CATEGORY_PALETTE = (
-    "#4C72B0",  # GEMM
-    "#DD8452",  # Attention
-    "#8172B3",  # Softmax
-    "#55A868",  # Normalization
-    "#C44E52",  # Optimizer
-    "#64B5CD",  # Communication
-    "#937860",  # CopyMemset
-    "#DA8BC3",  # Reduction
-    "#CCB974",  # Elementwise
-    "#8C8C8C",  # Other
+# -- the one categorical palette (seaborn "deep"): every categorical colour below is one of
+# these, so no figure falls back to matplotlib's default cycle ------------------------------
+PALETTE: tuple[str, ...] = (
+    "#4C72B0",  # blue
+    "#DD8452",  # orange
+    "#8172B3",  # purple
+    "#55A868",  # green
+    "#C44E52",  # red
+    "#64B5CD",  # cyan
+    "#937860",  # brown
+    "#DA8BC3",  # pink
+    "#CCB974",  # olive
+    "#8C8C8C",  # grey
 )
+NEUTRAL = "#B0B0B0"  # "other" / the rest
+
+
+def palette_colors(names: list[str]) -> dict[str, str]:
+    """A colour of :data:`PALETTE` per name, in the given order (cycling past ten)."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
+# -- kernel categories: fixed order of CATEGORIES, so a color never moves between runs ----
+_CATEGORY_PALETTE = PALETTE
 CATEGORY_COLORS: dict[str, str] = dict(zip(CATEGORIES, _CATEGORY_PALETTE, strict=True))
+
+# -- attention implementations (workloads/attention.py): impl, or sdpa:<backend> -----------
+IMPL_COLORS: dict[str, str] = {
+    "naive": PALETTE[9],
+    "sdpa": PALETTE[0],
+    "sdpa:math": PALETTE[8],
+    "sdpa:efficient": PALETTE[3],
+    "sdpa:flash": PALETTE[1],
+    "sdpa:cudnn": PALETTE[4],
+}
+#: (line style, marker) per variant of one implementation (dtype, heads, ...), in order
+VARIANT_STYLES: tuple[tuple[object, str], ...] = (
+    ("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"))
 
 # -- training phases (NVTX ranges of workloads/steps.py) ---------------------------------
 PHASES: tuple[str, ...] = ("forward", "loss", "backward", "optimizer", "other")
 PHASE_COLORS: dict[str, str] = {
-    "forward": "#4C72B0",
-    "loss": "#CCB974",
-    "backward": "#DD8452",
-    "optimizer": "#C44E52",
-    "other": "#B0B0B0",
+    "forward": PALETTE[0],
+    "loss": PALETTE[8],
+    "backward": PALETTE[1],
+    "optimizer": PALETTE[4],
+    "other": NEUTRAL,
 }
 #: NVTX range name -> phase
 PHASE_RANGES: dict[str, str] = {
@@ -57,12 +82,25 @@ PHASE_RANGES: dict[str, str] = {
     "(step, outside phases)": "other",
 }
 
+#: NVTX ranges inside a phase (workloads/gpt.py): the sublayers of a block, and the steps
+#: of the naive attention core (workloads/attention.py); colours apart from the phases'
+SUBLAYER_COLORS: dict[str, str] = {
+    "attention_sublayer": PALETTE[2],
+    "ffn_sublayer": PALETTE[3],
+}
+ATTENTION_STEP_COLORS: dict[str, str] = {
+    "computing attention scores": PALETTE[5],
+    "causal mask construction": PALETTE[9],
+    "computing softmax": PALETTE[7],
+    "final matmul": PALETTE[6],
+}
+
 # -- idle time causes (analysis/metrics/idle.py) -------------------------------------------
 IDLE_COLORS: dict[str, str] = {
-    "busy": "#55A868",
-    "host": "#C44E52",
-    "dependency": "#8172B3",
-    "memory": "#937860",
+    "busy": PALETTE[3],
+    "host": PALETTE[4],
+    "dependency": PALETTE[2],
+    "memory": PALETTE[6],
 }
 IDLE_LABELS: dict[str, str] = {
     "busy": "busy (kernels, copies)",
@@ -73,9 +111,9 @@ IDLE_LABELS: dict[str, str] = {
 
 # -- a distributed step per rank (analysis/metrics/ranks.py): the three add up to the step ---
 RANK_PARTS: dict[str, tuple[str, str]] = {
-    "compute_ms": ("compute (overlapped communication included)", "#55A868"),
-    "exposed_comm_ms": ("exposed communication (nothing computes)", "#64B5CD"),
-    "idle_ms": ("idle (neither)", "#B0B0B0"),
+    "compute_ms": ("compute (overlapped communication included)", PALETTE[3]),
+    "exposed_comm_ms": ("exposed communication (nothing computes)", PALETTE[5]),
+    "idle_ms": ("idle (neither)", NEUTRAL),
 }
 #: collectives (analysis/outputs/ranks.py): marker per op in the bandwidth figure
 COLLECTIVE_MARKERS: dict[str, str] = {"all_reduce": "o", "all_gather": "^",
@@ -93,7 +131,7 @@ STATUS_LABELS: dict[str, str] = {
 STATUS_HATCH: dict[str, str] = {"oom": "//", "error": "xx", "timeout": "..", "unsupported": "\\\\"}
 STATUS_COLOR = "#B22222"
 TRACED_COLOR = "#A6BDDB"  # the traced (nsys) value beside the untraced one
-MEASURED_COLOR = "#4C72B0"
+MEASURED_COLOR = PALETTE[0]
 
 
 def layer_color(index: int, n_layers: int) -> tuple[float, float, float, float]:
@@ -190,6 +228,52 @@ def stacked(ncols: list[int], heights: list[float]) -> tuple[Figure, list[object
     return fig, [row.subplots(1, n, squeeze=False) for row, n in zip(rows, ncols, strict=True)]
 
 
+class NoData(Exception):  # noqa: N818 - a figure's answer, not a failure
+    """A figure has nothing to draw: :func:`empty_figure` draws ``reason`` under ``title``."""
+
+    def __init__(self, title: str, reason: str) -> None:
+        super().__init__(reason)
+        self.title, self.reason = title, reason
+
+
+def legend_above(fig: Figure, handles: list, title: str, ncols: int | None = None) -> None:
+    """The figure's title and one legend for the whole figure under it, above the panels:
+    never over data. (A suptitle and an outside legend would share the top margin and
+    overlap; as the legend's title the figure title stacks above the entries.) ``ncols``
+    defaults to as many as fit one report-width row."""
+    labels = [h.get_label() for h in handles]
+    width = max((len(str(lab)) for lab in labels), default=10)
+    fit = max(1, int(WIDTH_IN * 72 / (7.5 * 0.55 * width + 36)))  # 7.5 pt text + its marker
+    fig.legend(handles, labels, loc="outside upper center", fontsize=7.5, title=title,
+               title_fontsize=11, ncols=ncols or max(1, min(len(handles), fit)),
+               frameon=False, borderaxespad=0.2, alignment="center")  # fmt: skip
+
+
+def legend_beside(ax: Axes, **kwargs: object) -> None:
+    """The axes' legend to the right of its data, top-aligned: never over data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=7.5,
+              frameon=False, **kwargs)
+
+
+def bar_labels(ax: Axes, bars: object, labels: list[str], horizontal: bool = True,
+               fontsize: float = 7) -> None:
+    """A value label at the end of each bar (also for a zero-length bar: 0 is a value)."""
+    ax.bar_label(bars, labels=labels, padding=2, fontsize=fontsize,
+                 label_type="edge")  # fmt: skip
+    if horizontal:
+        ax.margins(x=0.12)
+    else:
+        ax.margins(y=0.15)
+
+
+def log_axis(axis: object) -> None:
+    """A log axis ticked at 1-2-5 steps with plain numbers (0.5, 1, 2, 5, 10): readable
+    whether it spans less than a decade or several, never overlapping minor labels."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def bar_rows_height(rows: int, extra: float = 1.4) -> float:
     """Height for a horizontal bar chart of ``rows`` bars."""
     return extra + ROW_IN * max(rows, 1)
@@ -229,3 +313,12 @@ def has_data(path: Path) -> bool:
 
 def short_label(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def middle_label(text: str, limit: int = 48) -> str:
+    """``text`` shortened in the middle: names that differ only at their end (``…_view_9``,
+    ``…_segment_k_on_kernel``) stay apart."""
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) * 2 // 5
+    return text[: limit - 1 - tail] + "…" + text[len(text) - tail:]

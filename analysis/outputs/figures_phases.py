@@ -1,0 +1,245 @@
+"""Where a step's time goes: per run, the training phases (NVTX ranges of workloads/steps.py)
+as shares of the step with the step's total beside them, the sublayers and the steps inside
+attention, and each layer's time, all in the same rows.
+
+GPU time per phase where the run launched GPU work; on a CPU (no GPU activity in the
+capture) the CPU time inside the same NVTX ranges, labelled as such.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from analysis.outputs import style
+from analysis.outputs.figure_data import STEP_RANGE, num, run_names, stats_tables
+
+# NVTX ranges inside attention (workloads/attention.py), in execution order
+ATTENTION_STEPS = tuple(style.ATTENTION_STEP_COLORS)
+SUBLAYERS = tuple(style.SUBLAYER_COLORS)
+SUBLAYER_BASIS = "basis"  # column of phase_frame's sublayer frame: how the rows were made
+CLOCK = "clock"  # column of phase_times' frame: "GPU", or "CPU" where no GPU work ran
+LAYER_ROW = r"^layer_(\d+)$"  # phase_gpu_time.csv's layer rows (workloads/gpt.py names them)
+TABLE = "phase_gpu_time.csv"
+_OUTSIDE = "(step, outside phases)"
+
+
+def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(run x phase ms/step, run x sublayer/attention-step share of step)."""
+    tables = stats_tables(results, runs, TABLE)
+    return phase_times(tables).drop(columns=CLOCK), _part_shares(tables)
+
+
+def layer_frame(results: Path, runs: list[str]) -> pd.DataFrame:
+    """run x layer index: ms/step of each ``layer_<i>`` row, and the rows' basis."""
+    return _layer_frame(stats_tables(results, runs, TABLE))
+
+
+def _clock(table: pd.DataFrame) -> str | None:
+    """Which time the run's table measures its phases in: GPU where its phases launched GPU
+    work, else CPU where the phase ranges have CPU time, else None."""
+    phases = table[table["Range"].astype(str).isin(style.PHASE_RANGES)]
+    if num(phases, "GPU ms/step").fillna(0).sum() > 0:
+        return "GPU"
+    if num(phases, "CPU ms/step").fillna(0).sum() > 0:
+        return "CPU"
+    return None
+
+
+def _ms(table: pd.DataFrame, clock: str) -> pd.Series:
+    """Range -> ms per step in ``clock``."""
+    return num(table, f"{clock} ms/step").set_axis(table["Range"].astype(str))
+
+
+def phase_times(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """run x phase: ms per step, and the run's clock (:data:`CLOCK`)."""
+    rows = {}
+    for run, table in tables.items():
+        clock = _clock(table) if "Range" in table else None
+        if clock is None:
+            continue
+        ms = _ms(table, clock)
+        row = {phase: float(ms.get(r, 0) or 0) for r, phase in style.PHASE_RANGES.items()
+               if r != _OUTSIDE}  # fmt: skip
+        outside = ms.get(_OUTSIDE)
+        if clock == "CPU" or pd.isna(outside):
+            # CPU time outside the phases is not measured per range: the step's rest
+            step = ms.get(STEP_RANGE)
+            outside = max(float(step) - sum(row.values()), 0.0) if pd.notna(step) else 0.0
+        rows[run] = {**row, style.PHASE_RANGES[_OUTSIDE]: float(outside), CLOCK: clock}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=[*style.PHASES, CLOCK])
+
+
+def _part_shares(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """run x (sublayer, attention step): share of the step, and the rows' basis."""
+    parts = {}
+    for run, table in tables.items():
+        clock = _clock(table) if "Range" in table else None
+        if clock is None:
+            continue
+        if clock == "GPU":
+            share = num(table, "Share of Step").set_axis(table["Range"].astype(str))
+        else:
+            ms = _ms(table, "CPU")
+            step = ms.get(STEP_RANGE)
+            share = ms / step if pd.notna(step) and step > 0 else ms * np.nan
+        row = {r: float(share[r]) for r in (*SUBLAYERS, *ATTENTION_STEPS)
+               if r in share.index and pd.notna(share[r])}  # fmt: skip
+        if row:
+            parts[run] = {**row, SUBLAYER_BASIS: _sublayer_basis(table)}
+    return pd.DataFrame.from_dict(parts, orient="index")
+
+
+def _layer_frame(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    layers = {}
+    for run, table in tables.items():
+        clock = _clock(table) if "Range" in table else None
+        if clock is None or "Kind" not in table:
+            continue
+        rows = table[table["Kind"].astype(str) == "layer"]
+        index = rows["Range"].astype(str).str.extract(LAYER_ROW, expand=False)
+        ms = num(rows, f"{clock} ms/step")
+        row = {int(i): float(v) for i, v in zip(index, ms, strict=True)
+               if pd.notna(i) and pd.notna(v) and v > 0}
+        if row:
+            layers[run] = {**row, SUBLAYER_BASIS: _sublayer_basis(table)}
+    frame = pd.DataFrame.from_dict(layers, orient="index")
+    numbered = sorted(c for c in frame.columns if c != SUBLAYER_BASIS)
+    return frame[[*numbered, SUBLAYER_BASIS]] if layers else frame
+
+
+def _sublayer_basis(table: pd.DataFrame) -> str:
+    """How a run's sublayer rows were attributed: NVTX ranges see forward launches only;
+    compiled code is placed by provenance, forward and backward."""
+    rows = table[table["Range"].astype(str).isin(SUBLAYERS)]
+    basis = " ".join(str(v) for v in rows.get("Basis", []) if pd.notna(v))
+    phases = " ".join(str(v) for v in rows.get("Phases", []) if pd.notna(v))
+    where = "fwd+bwd" if "backward" in phases else "fwd"
+    return f"{where}, provenance" if "provenance" in basis else where
+
+
+# -- the figure -------------------------------------------------------------------------------
+def _title(clocks: set[str]) -> tuple[str, str]:
+    """(figure title, what the shares are of)."""
+    if clocks == {"CPU"}:
+        return ("CPU time per training phase (no GPU activity captured: CPU time inside each "
+                "NVTX phase range)", "% of the step's CPU time")
+    if clocks == {"GPU"}:
+        return ("GPU time per training phase (by launch inside each NVTX phase range)",
+                "% of the step's GPU time")
+    return ("Time per training phase: GPU time by launch inside each NVTX phase range; "
+            "CPU time where a run had no GPU activity", "% of the step's time")
+
+
+def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
+    tables = stats_tables(results, run_names(summary, results), TABLE)
+    phases = phase_times(tables)
+    if phases.empty:
+        raise style.NoData("Time per training phase",
+                           f"no stats/{TABLE} with phase ranges")  # fmt: skip
+    parts = _part_shares(tables)
+    parts = parts.loc[[r for r in phases.index if r in parts.index]]
+    layers = _layer_frame(tables)
+    layers = layers.loc[[r for r in phases.index if r in layers.index]]
+    title, share_of = _title(set(phases[CLOCK]))
+    widths = [4.0] + [3.0] * ((not parts.empty) + (not layers.empty))
+    fig, axes = style.figure(1, len(widths), height=1.9 + style.ROW_IN * len(phases),
+                             sharey=True, gridspec_kw={"width_ratios": widths})  # fmt: skip
+    handles = _phase_panel(axes[0, 0], phases, share_of)
+    column = 1
+    if not parts.empty:
+        handles += _sublayer_panel(axes[0, column], phases.index, parts, share_of)
+        column += 1
+    if not layers.empty:
+        _layer_panel(axes[0, column], phases, layers)
+    style.legend_above(fig, handles, title)
+    return fig
+
+
+def _phase_panel(ax: object, phases: pd.DataFrame, share_of: str) -> list[Patch]:
+    """100% bars by phase, one per run; the step's total ms at the right."""
+    y = np.arange(len(phases))
+    ms = phases[list(style.PHASES)]
+    total = ms.sum(axis=1)
+    left = np.zeros(len(phases))
+    handles = []
+    for phase in style.PHASES:
+        share = (ms[phase] / total).fillna(0).to_numpy() * 100
+        ax.barh(y, share, left=left, height=0.75, color=style.PHASE_COLORS[phase])
+        left += share
+        if share.any():
+            handles.append(Patch(color=style.PHASE_COLORS[phase], label=phase))
+    ax.set_yticks(y, [style.short_label(str(r), 40) for r in phases.index], fontsize=7.5)
+    ax.set_ylim(len(phases) - 0.5, -0.5)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(share_of, fontsize=8)
+    ax.tick_params(axis="x", labelsize=7.5)
+    ax.set_title("phases\n(right: the step's total time)", fontsize=9)
+    mixed = phases[CLOCK].nunique() > 1
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(y, [f"{style.fmt_ms(t)}" + (f" {c}" if mixed else "")
+                         for t, c in zip(total, phases[CLOCK], strict=True)],
+                     fontsize=7.5)  # fmt: skip
+    return handles
+
+
+def _sublayer_panel(ax: object, rows: pd.Index, parts: pd.DataFrame,
+                    share_of: str) -> list[Patch]:
+    """Per run: attention vs FFN sublayer (upper half-bar) and the steps inside attention
+    (lower half-bar), as % of the step; the basis (fwd, or fwd+bwd by provenance) at the
+    bar's end."""
+    position = {run: i for i, run in enumerate(rows)}
+    seen: set[str] = set()
+    widest = 0.0
+    for run, row in parts.iterrows():
+        ends = []
+        for names, colors, offset in ((SUBLAYERS, style.SUBLAYER_COLORS, -0.19),
+                                      (ATTENTION_STEPS, style.ATTENTION_STEP_COLORS, 0.19)):
+            present = [n for n in names if n in row and pd.notna(row[n])]
+            left = 0.0
+            for name in present:
+                ax.barh(position[run] + offset, row[name] * 100, left=left, height=0.36,
+                        color=colors[name])  # fmt: skip
+                left += row[name] * 100
+                seen.add(name)
+            ends.append(left)
+        widest = max(widest, *ends)
+        ax.annotate(str(row.get(SUBLAYER_BASIS, "fwd")), (max(ends), position[run]),
+                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=6.5,
+                    color="#555555")  # fmt: skip
+    ax.set_xlim(0, max(widest, 1.0) * 1.5)  # room for the basis at the bars' ends
+    ax.set_xlabel(share_of, fontsize=8)
+    ax.tick_params(axis="x", labelsize=7.5)
+    ax.tick_params(axis="y", left=False)
+    ax.set_title("sublayers (upper bar)\ninside attention (lower bar)", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    colors = {**style.SUBLAYER_COLORS, **style.ATTENTION_STEP_COLORS}
+    return [Patch(color=colors[n], label=n.replace("_", " ")) for n in colors if n in seen]
+
+
+def _layer_panel(ax: object, phases: pd.DataFrame, layers: pd.DataFrame) -> None:
+    """Each layer's ms per step, a row of dots per run, coloured first to last layer: the
+    same block n times lines up; an outlier layer stands apart."""
+    numbered = [c for c in layers.columns if c != SUBLAYER_BASIS]
+    position = {run: i for i, run in enumerate(phases.index)}
+    for run, row in layers.iterrows():
+        ms = row[numbered].astype(float).dropna()
+        ax.scatter(ms.to_numpy(), np.full(len(ms), position[run]), s=9, zorder=3,
+                   c=[style.layer_color(i, len(ms)) for i in range(len(ms))])  # fmt: skip
+        ax.annotate(f"{len(ms)}", (ms.max(), position[run]), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=6.5,
+                    color="#555555")  # fmt: skip
+    ax.set_xscale("log")
+    style.log_axis(ax.xaxis)
+    ax.margins(x=0.15)
+    clocks = set(phases.loc[layers.index, CLOCK])
+    clock = clocks.pop() + " " if len(clocks) == 1 else ""
+    ax.set_xlabel(f"{clock}ms per step, per layer (log)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7.5)
+    ax.tick_params(axis="y", left=False)
+    ax.set_title("each layer (n at right)\ndot colour: first → last", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
