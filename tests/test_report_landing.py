@@ -1,6 +1,7 @@
 """The Snakemake report opens on the answer: its first page (the landing text the overview rule
-writes) shows the headline table and the top findings, in a real browser, and quotes the
-settings of the config that ran."""
+writes) shows the headline table and the top findings, in a real browser at report width (no
+table wider than its column, the findings within the first 2000 px), and quotes the settings
+of the config that ran."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import SMOKE_CONFIG, snakemake
+from page_layout import WIDTH, measure
 from test_pipeline import (  # noqa: F401  (outbound_requests is a fixture)
     PNG_MAGIC,
     browser_flags,
@@ -59,6 +61,11 @@ def test_first_page_shows_headline_and_findings(
     trace = SMOKE.get("nsys", {}).get("trace", "cuda,nvtx,osrt")
     assert f"--trace={trace}" in text
     assert f"median of {SMOKE['timing']['repeats']} untraced" in text
+    # at report width: no table wider than the page's column, the findings on the first screens
+    layout = measure(report, chromium(), flags, ["Top findings"], tmp_path)
+    assert layout["wide"] == [] and layout["width"] <= WIDTH, layout
+    assert layout["starts"]["Top findings"] is not None
+    assert layout["starts"]["Top findings"] <= 2000, layout["starts"]
     shot = tmp_path / "landing.png"
     subprocess.run([chromium(), *flags, "--window-size=1400,1000", f"--screenshot={shot}",
                     report.as_uri()], capture_output=True, timeout=120, check=True)

@@ -26,6 +26,7 @@ holds (on a CPU run, of forward + backward CPU time).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +84,7 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
                    key=_path_key)
     if not paths:
         return ModuleTable(Table(HEADER), {"module_coverage": None})
-    # the outermost modules with time of their own (a ModuleList is never called: its
-    # layers are the roots)
-    roots = {p for p in paths if not any(a in paths for a in _ancestors(p)[:-1])}
+    roots = set(outermost(paths))
     steps = int(ranges.codes[STEP_RANGE].size)
     in_step = ranges.ops_inside(STEP_RANGE, ops)
     step_ns = int(ops.dur[in_step].sum())
@@ -190,6 +189,15 @@ def _common(paths: list[str]) -> str:
     if common:
         return ".".join(common)
     return max(sorted(set(paths)), key=paths.count)
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """The paths none of whose ancestors is among ``paths``, in their order: the outermost
+    modules with time of their own (a ModuleList is never called: its layers are the
+    outermost)."""
+    paths = list(paths)
+    present = set(paths)
+    return [p for p in paths if not any(a in present for a in _ancestors(p)[:-1])]
 
 
 def _ancestors(path: str) -> list[str]:
