@@ -20,7 +20,7 @@ from analysis.metrics.phases import STEP_RANGE
 from analysis.outputs.finding_base import MEASUREMENT, WORKLOAD, finding_sentence
 from analysis.outputs.findings import FUSED_OPTIMIZER, OPTIMIZER_SHARE, find_all
 
-H100_DEFAULT = REPO / "published" / "h100-2026-11-22b" / "default"
+H100_DEFAULT = REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d"
 
 
 def smoke_results(workdir: Path) -> Path:

@@ -44,11 +44,11 @@ from analysis.outputs.diff_plot import (
 from analysis.outputs.runs import read_timing
 
 H100 = REPO / "tests" / "fixtures" / "h100"
-PUBLISHED = REPO / "published" / "h100-2026-11-22"
+PUBLISHED = REPO / "tests" / "fixtures" / "published" / "h100-subfolders"
 # Two runs of the standard config, same GPU, driver, torch, CUDA, cuDNN and nsys: every
 # difference between them is noise (the commit differs, in the pipeline, not the workloads).
-STANDARD_OLD = REPO / "published" / "h100-2026-11-24b" / "standard"
-STANDARD_NEW = REPO / "published" / "h100-2026-11-25c" / "standard"
+STANDARD_OLD = REPO / "tests" / "fixtures" / "published" / "h100-standard-efb5638"
+STANDARD_NEW = REPO / "published" / "h100" / "standard"
 needs_standard = pytest.mark.skipif(not (STANDARD_OLD.is_dir() and STANDARD_NEW.is_dir()),
                                     reason="published H100 standard runs not in checkout")
 STEPS = "--warmup 2 --steps 8"

@@ -300,10 +300,10 @@ def test_exposed_communication_on_real_nccl_captures(stem: str) -> None:
 
 
 def test_comm_findings_on_the_h200_run_name_no_setting_the_run_has() -> None:
-    """published/h200x2-2026-11-24 (two H200s, the pipeline's own results): a finding's fix
+    """published/h200x2/distributed (two H200s, the pipeline's own results): a finding's fix
     never names what its run already does, and a measured gain is quoted only from a variant
     that moves the way the fix says."""
-    results = REPO / "published" / "h200x2-2026-11-24" / "distributed"
+    results = REPO / "published" / "h200x2" / "distributed"
     ctx = Context(results, pd.read_csv(results / "summary.csv"))
     found = {(f.rule, f.run): f for run in ctx.summary["run"]
              for rule in COMM_RULES for f in rule(ctx, str(run))}

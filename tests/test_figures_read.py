@@ -32,7 +32,7 @@ from analysis.outputs.figures_kernels import top_kernel_tables
 from tests.analysis_fixtures import FIXTURES
 from tests.conftest import REPO
 
-STANDARD = REPO / "published" / "h100-2026-11-24b" / "standard"
+STANDARD = REPO / "published" / "h100" / "standard"
 MODELS = REPO / "published" / "h100" / "models"
 CPU_SMOKE = FIXTURES / "results_cpu_smoke"
 FOLDERS = {"standard": STANDARD, "models": MODELS, "cpu": CPU_SMOKE}

@@ -1,8 +1,9 @@
 """Findings that hold up: never recommend what the run already has, label joint
 gains, and the rules on the new tables (operator table, optimizer roofline).
 
-The results folder is a real H100 pipeline run: published/h100-2026-11-22b/default (the
-default ladder: fp32 eager -> bf16 -> fused AdamW -> cuDNN SDPA + compile reduce-overhead +
+The results folder is a real H100 pipeline run, published earlier and kept as a fixture:
+tests/fixtures/published/h100-default-f2b989d (the default ladder: fp32 eager -> bf16 ->
+fused AdamW -> cuDNN SDPA + compile reduce-overhead +
 adamw_master, with timing records, traced records and per-run stats), re-aggregated here, plus
 two real pieces from the same kind of GPU: the operator table of the bf16 rung's workload
 (tests/fixtures/ops: GPT small bf16 train, naive attention, adamw_foreach, on an H100) and
@@ -38,7 +39,7 @@ from analysis.outputs.findings import (
 )
 from analysis.outputs.runs import empty_cell
 
-PUBLISHED = REPO / "published" / "h100-2026-11-22b" / "default"
+PUBLISHED = REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d"
 OPS = REPO / "tests" / "fixtures" / "ops"
 H100_CALIBRATION = REPO / "tests" / "fixtures" / "results_h100_subset" / "calibration.json"
 FP32, BF16, FUSED, GRAPHS = (f"gpt_train_small_{r}" for r in

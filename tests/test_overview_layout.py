@@ -22,7 +22,7 @@ from test_pipeline import (  # noqa: F401  (outbound_requests is a fixture)
 from analysis.outputs.overview import key_figures, write_overview
 from analysis.outputs.overview_page import Grid, Heading, to_html
 
-STANDARD = REPO / "published" / "h100-2026-11-24b" / "standard"
+STANDARD = REPO / "published" / "h100" / "standard"
 FINDINGS_BY = 2000  # px from the top: the first screen or two
 MAX_HEIGHT = 3_967  # px: the whole overview, figures included, in about four screens
 ORDER = ["Optimization ladder", "Best configuration per model", "Top findings", "Experiments",

@@ -20,13 +20,13 @@ from analysis.outputs.overview_tables import (
 )
 from analysis.outputs.runs import read_json
 
-PUBLISHED = REPO / "published" / "h100-2026-11-22b"
-STANDARD = REPO / "published" / "h100-2026-11-24b" / "standard"
+PUBLISHED = REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d"
+STANDARD = REPO / "published" / "h100" / "standard"
 MODELS = REPO / "published" / "h100" / "models"
 
 
 def test_modes_table_pairs_a_ladders_first_and_last_rung() -> None:
-    summary = pd.read_csv(PUBLISHED / "default" / "summary.csv")
+    summary = pd.read_csv(PUBLISHED / "summary.csv")
     table = modes_table(summary)
     train = table[table["mode"] == "train"]
     assert list(train["run"]) == ["gpt_train_small_0_fp32_eager", "gpt_train_small_3_cuda_graphs"]
@@ -39,7 +39,7 @@ def test_modes_table_pairs_a_ladders_first_and_last_rung() -> None:
 
 def test_modes_table_finds_the_same_configuration_in_other_modes() -> None:
     """A forward run with the first rung's keys joins its row; one with other keys does not."""
-    summary = pd.read_csv(PUBLISHED / "default" / "summary.csv")
+    summary = pd.read_csv(PUBLISHED / "summary.csv")
     rung0 = summary[summary["run"] == "gpt_train_small_0_fp32_eager"].iloc[0]
     same = rung0.copy()
     same[["run", "mode", "ladder", "ladder_group", "rung_index", "rung"]] = [

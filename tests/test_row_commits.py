@@ -1,5 +1,5 @@
 """Each summary row names the commit its own records ran at: a results folder resumed on
-other machines (published/h100-2026-11-24: five calls, two commits) holds runs made at
+other machines (tests/fixtures/published/h100-resumed-two-commits: two commits) holds runs made at
 different commits; only a run without any record takes the plan's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from analysis.outputs.aggregate import summary_table
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "published" / "h100-2026-11-24" / "standard"
+PUBLISHED = Path(__file__).resolve().parent / "fixtures" / "published" / "h100-resumed-two-commits"
 RUNS = ["gpt_train_small_0_fp32_eager", "gpt_train_2.7B_7_step_graph",
         "fa_cudnn_b1_h16_s16384_d128_causalTrue_forward"]
 

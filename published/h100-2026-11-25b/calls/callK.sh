@@ -1,8 +1,0 @@
-#!/usr/bin/env bash
-# Call K (issue 20): the standard config's compiled GPT runs from an empty compile cache (timing
-# jobs only): each run's first process compiles cold, the other two load from the cache.
-set -u
-cd "$(dirname "$0")/.."
-t0=$(date +%s)
-bash scripts/gpu-host-run.sh config/standard.yaml ${1:-520} --keep-going results/gpt_train_small_5_compile/timing/r0.json results/gpt_train_small_5_compile/timing/r1.json results/gpt_train_small_5_compile/timing/r2.json results/gpt_train_small_6_cuda_graphs/timing/r0.json results/gpt_train_small_6_cuda_graphs/timing/r1.json results/gpt_train_small_6_cuda_graphs/timing/r2.json results/gpt_train_small_7_master_weights/timing/r0.json results/gpt_train_small_7_master_weights/timing/r1.json results/gpt_train_small_7_master_weights/timing/r2.json results/gpt_train_small_8_step_graph/timing/r0.json results/gpt_train_small_8_step_graph/timing/r1.json results/gpt_train_small_8_step_graph/timing/r2.json results/gpt_train_2.7B_5_compile/timing/r0.json results/gpt_train_2.7B_5_compile/timing/r1.json results/gpt_train_2.7B_5_compile/timing/r2.json results/gpt_train_2.7B_6_master_weights/timing/r0.json results/gpt_train_2.7B_6_master_weights/timing/r1.json results/gpt_train_2.7B_6_master_weights/timing/r2.json results/gpt_train_2.7B_7_step_graph/timing/r0.json results/gpt_train_2.7B_7_step_graph/timing/r1.json results/gpt_train_2.7B_7_step_graph/timing/r2.json results/cs336_2.7B_forward_best/timing/r0.json results/cs336_2.7B_forward_best/timing/r1.json results/cs336_2.7B_forward_best/timing/r2.json results/cs336_2.7B_forward_backward_best/timing/r0.json results/cs336_2.7B_forward_backward_best/timing/r1.json results/cs336_2.7B_forward_backward_best/timing/r2.json
-echo "call took $(( $(date +%s) - t0 )) s"
