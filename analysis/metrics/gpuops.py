@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.reading.columns import EventArrays
 from analysis.reading.export import Export
 from analysis.reports.nsys_stats import Context
 from analysis.reports.nvtx import PID_MASK
@@ -21,7 +22,7 @@ MEMCPY_NAME, MEMSET_NAME = "[CUDA memcpy]", "[CUDA memset]"
 
 
 @dataclass
-class GpuOps:
+class GpuOps(EventArrays):
     start: np.ndarray
     end: np.ndarray
     corr: np.ndarray
@@ -32,10 +33,6 @@ class GpuOps:
     launch: np.ndarray  # start of the launching API call, -1 when none was found
     tid: np.ndarray  # globalTid of the launching call, -1 when none
     graph_launch: np.ndarray  # bool: launched by cudaGraphLaunch (a CUDA graph replay)
-
-    @property
-    def size(self) -> int:
-        return int(self.start.size)
 
     @property
     def dur(self) -> np.ndarray:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.metrics.phases import _inside, _union
+from analysis.reading.columns import EventArrays
 from analysis.reading.export import NULL, Export
 from analysis.reports.nvtx import PID_MASK, match_runtime
 
@@ -86,7 +87,7 @@ def parse_op_name(name: str | None) -> OpName | None:
 
 # -- the op ranges and the GPU ops, as arrays -------------------------------------------------
 @dataclass
-class OpRanges:
+class OpRanges(EventArrays):
     """The closed op ranges of the capture, sorted by (thread, start, -end)."""
 
     start: np.ndarray  # int64 ns
@@ -98,10 +99,6 @@ class OpRanges:
     parent: np.ndarray  # enclosing op range on the same thread, -1 at top level
     ops: list[str]
     shapes: list[str]
-
-    @property
-    def size(self) -> int:
-        return int(self.start.size)
 
 
 @dataclass

@@ -11,6 +11,7 @@ findings.py's ``find_all`` runs :data:`COMM_RULES` after its own rules (the find
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,28 @@ BUSBW_RATIO = 0.5  # of the calibrated all-reduce bus bandwidth at the same size
 SCALING_EFFICIENCY = 0.8
 VARIANT_KEYS = ("bucket_cap_mb", "reshard_after_forward")
 DDP_BUCKET_MB = 25  # PyTorch's default bucket_cap_mb, as workloads/__main__.py's --bucket_cap_mb
+
+
+# What to check when one rank computes longer than the others.
+STRAGGLER_FIX = ("check that rank's GPU (clocks, temperature: gpu_state flags; another process "
+                 "on it) and its placement (NUMA node, PCIe / NVLink topology: nvidia-smi topo "
+                 "-m); equal work per rank is assumed")
+
+
+def _past(column: str, limit: float, above: bool
+          ) -> Callable[[Callable[..., Iterator[Finding]]], Rule]:
+    """A rule over one distributed.csv column: the decorated function gets the run's row and
+    value only when the value is past `limit` (above it, or below it with ``above=False``)."""
+    def rule(check: Callable[..., Iterator[Finding]]) -> Rule:
+        @functools.wraps(check)
+        def over_row(ctx: Context, run: str) -> Iterator[Finding]:
+            row = _row(ctx, run)
+            value = row and row.get(column)
+            if value is None or (value <= limit if above else value >= limit):
+                return
+            yield from check(ctx, run, row, value)
+        return over_row
+    return rule
 
 
 def _row(ctx: Context, run: str) -> dict[str, Any] | None:
@@ -99,11 +122,9 @@ def _fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
         "enough not to be latency-bound; gradient_as_bucket_view=True saves the copies")
 
 
-def exposed_communication(ctx: Context, run: str) -> Iterator[Finding]:
-    row = _row(ctx, run)
-    share = row and row.get("exposed_comm_share")
-    if share is None or share <= EXPOSED_COMM_SHARE:
-        return
+@_past("exposed_comm_share", EXPOSED_COMM_SHARE, above=True)
+def exposed_communication(ctx: Context, run: str, row: dict[str, Any], share: float
+                          ) -> Iterator[Finding]:
     key, fix = _fix_key(row)
     f = _finding(run, "exposed_communication", "exposed_comm_share", share,
                  EXPOSED_COMM_SHARE,
@@ -113,46 +134,37 @@ def exposed_communication(ctx: Context, run: str) -> Iterator[Finding]:
     yield with_gain(ctx, f, key)
 
 
-def straggler_rank(ctx: Context, run: str) -> Iterator[Finding]:
-    row = _row(ctx, run)
-    share = row and row.get("compute_spread_share")
-    if share is None or share <= STRAGGLER_SHARE:
-        return
+@_past("compute_spread_share", STRAGGLER_SHARE, above=True)
+def straggler_rank(ctx: Context, run: str, row: dict[str, Any], share: float
+                          ) -> Iterator[Finding]:
     yield _finding(run, "straggler_rank", "compute_spread_share", share, STRAGGLER_SHARE,
                    f"rank {int(row['straggler_rank'])} computes {row['compute_spread_ms']:.3g} ms "
                    f"more per step than the fastest rank ({share:.0%} of the step): the others "
-                   "wait for it in every collective",
-                   "check that rank's GPU (clocks, temperature: gpu_state flags; another "
-                   "process on it) and its placement (NUMA node, PCIe / NVLink topology: "
-                   "nvidia-smi topo -m); equal work per rank is assumed")
+                   "wait for it in every collective", STRAGGLER_FIX)
 
 
-def slow_collectives(ctx: Context, run: str) -> Iterator[Finding]:
-    row = _row(ctx, run)
-    ratio = row and row.get("busbw_vs_calibrated")
-    if ratio is None or ratio >= BUSBW_RATIO:
-        return
-    key, _ = _fix_key(row)
-    f = _finding(run, "slow_collectives", "busbw_vs_calibrated", ratio, BUSBW_RATIO,
-                 f"the largest all-reduce ({row['allreduce_bytes'] / 2**20:.3g} MiB) reaches "
-                 f"{row['allreduce_busbw_gbps']:.3g} GB/s bus bandwidth, {ratio:.0%} of the "
-                 f"calibrated all-reduce of that size ({row['calibrated_busbw_gbps']:.3g} GB/s)",
-                 "the collective shares the GPU with compute kernels (fewer SMs for NCCL) or "
-                 "waits for a late rank inside its kernel: see exposed communication and the "
-                 "straggler spread; fewer, larger buckets (bucket_cap_mb) move more bytes per "
-                 "launch")
-    yield with_gain(ctx, f, key, toward=_larger_buckets)
+@_past("busbw_vs_calibrated", BUSBW_RATIO, above=False)
+def slow_collectives(ctx: Context, run: str, row: dict[str, Any], ratio: float
+                          ) -> Iterator[Finding]:
+    reached = (f"the largest all-reduce ({row['allreduce_bytes'] / 2**20:.3g} MiB) reaches "
+               f"{row['allreduce_busbw_gbps']:.3g} GB/s bus bandwidth, {ratio:.0%} of the "
+               "calibrated all-reduce of that size "
+               f"({row['calibrated_busbw_gbps']:.3g} GB/s)")
+    why = ("the collective shares the GPU with compute kernels (fewer SMs for NCCL) or waits "
+           "for a late rank inside its kernel: see exposed communication and the straggler "
+           "spread; fewer, larger buckets (bucket_cap_mb) move more bytes per launch")
+    finding = _finding(run, "slow_collectives", "busbw_vs_calibrated", ratio, BUSBW_RATIO,
+                       reached, why)
+    yield with_gain(ctx, finding, _fix_key(row)[0], toward=_larger_buckets)
 
 
 def _larger_buckets(mine: Any, theirs: Any) -> bool:
     return float(theirs or DDP_BUCKET_MB) > float(mine or DDP_BUCKET_MB)
 
 
-def poor_scaling(ctx: Context, run: str) -> Iterator[Finding]:
-    row = _row(ctx, run)
-    eff = row and row.get("scaling_efficiency")
-    if eff is None or eff >= SCALING_EFFICIENCY:
-        return
+@_past("scaling_efficiency", SCALING_EFFICIENCY, above=False)
+def poor_scaling(ctx: Context, run: str, row: dict[str, Any], eff: float
+                          ) -> Iterator[Finding]:
     yield _finding(run, "poor_scaling", "scaling_efficiency", eff, SCALING_EFFICIENCY,
                    f"{row['gpus']} ranks give {eff:.0%} of {row['gpus']}x the one-GPU "
                    f"throughput of {row['baseline_run']}",

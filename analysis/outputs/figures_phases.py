@@ -8,6 +8,7 @@ capture) the CPU time inside the same NVTX ranges, labelled as such.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +56,18 @@ def _ms(table: pd.DataFrame, clock: str) -> pd.Series:
     return num(table, f"{clock} ms/step").set_axis(table["Range"].astype(str))
 
 
+def _clocked(tables: dict[str, pd.DataFrame]) -> Iterator[tuple[str, pd.DataFrame, str]]:
+    """(run, its phase table, "GPU" or "CPU") for each run whose table has a clock to read."""
+    for run, table in tables.items():
+        clock = _clock(table) if "Range" in table else None
+        if clock is not None:
+            yield run, table, clock
+
+
 def phase_times(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """run x phase: ms per step, and the run's clock (:data:`CLOCK`)."""
     rows = {}
-    for run, table in tables.items():
-        clock = _clock(table) if "Range" in table else None
-        if clock is None:
-            continue
+    for run, table, clock in _clocked(tables):
         ms = _ms(table, clock)
         row = {phase: float(ms.get(r, 0) or 0) for r, phase in style.PHASE_RANGES.items()
                if r != _OUTSIDE}  # fmt: skip
@@ -77,10 +83,7 @@ def phase_times(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 def _part_shares(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """run x (sublayer, attention step): share of the step, and the rows' basis."""
     parts = {}
-    for run, table in tables.items():
-        clock = _clock(table) if "Range" in table else None
-        if clock is None:
-            continue
+    for run, table, clock in _clocked(tables):
         if clock == "GPU":
             share = num(table, "Share of Step").set_axis(table["Range"].astype(str))
         else:

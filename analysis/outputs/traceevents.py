@@ -39,6 +39,7 @@ from analysis.metrics.modules import _compiled_paths, structure_of
 from analysis.metrics.phases import STEP_RANGE, _kind, _Ranges, op_phases
 from analysis.metrics.ranks import _ranges
 from analysis.reading.codes import dense_codes
+from analysis.reading.columns import EventArrays
 from analysis.reading.export import MEMCPY as MEMCPY_TABLE
 from analysis.reading.export import MEMSET as MEMSET_TABLE
 from analysis.reading.export import Export
@@ -62,7 +63,7 @@ class StepWindow:
 
 
 @dataclass
-class GpuEvents:
+class GpuEvents(EventArrays):
     """The window's GPU ops (kernels, memcpys, memsets); labels are codes into lists."""
 
     start: np.ndarray
@@ -84,10 +85,6 @@ class GpuEvents:
     nbytes: np.ndarray  # memcpy/memset bytes, -1 for kernels
     names: list[str]
     labels: list[str]
-
-    @property
-    def size(self) -> int:
-        return int(self.start.size)
 
 
 @dataclass

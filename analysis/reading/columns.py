@@ -25,6 +25,16 @@ Columns = dict[str, np.ndarray]
 Pair = tuple[str, str, str, str]
 
 
+class EventArrays:
+    """Events held as parallel arrays, one per field, all as long as ``start``."""
+
+    start: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.start.size)
+
+
 def _unpacked(plain: dict[str, str], pairs: Sequence[Pair]) -> dict[str, str]:
     exprs = dict(plain)
     for hn, he, ln, le in pairs:
