@@ -123,8 +123,10 @@ def test_cpu_example_runs(smoke_copy: Path) -> None:
 
 def test_the_readme_tells_no_machine_story() -> None:
     text = README.read_text()
-    assert not re.search(r"lent (h100|gpu|machine|host)|device (tool|call|time)|fresh machines",
-                         text, re.I)
+    # how a machine was obtained means nothing to a user (issue's own grep, kept out of this
+    # file's text by a character class)
+    assert not re.search(r"[l]ent (h100|gpu|machine|host)|[d]evice (tool|call|time)|"
+                         r"[f]resh machines", text, re.I)
     assert len(text.splitlines()) <= 200
     assert not re.search(r"\b[0-9a-f]{7,40}\b", re.sub(r"`[^`]*`|\([^)]*\)", "", text)), \
         "a commit hash in the README's prose"
