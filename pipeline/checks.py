@@ -7,7 +7,8 @@ without a GPU is told at once, before any setup or image build:
 
     python3 -m pipeline.checks [--gpu] [--apptainer] [--host-env] [--nsys PATH] [--results DIR]
 
-Standard library only, and fast: no torch import, at most one short network probe.
+Standard library and the workloads' option modules only (workloads/models/, no torch import),
+and fast: at most one short network probe.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workloads import models
 from workloads.cachedir import cache_dir
 
 MIN_NSYS = (2024, 2)
@@ -40,24 +42,19 @@ PROBE_TIMEOUT_S = 5.0
 # - a GPU capture grows with its kernels: tests/fixtures/h100/gpt_small_train_fp32_ctx512.sqlite
 #   is 2.78 MB for 15,630 kernels (with their ~2 CUDA API calls each), ~180 bytes a kernel;
 #   doubled for the .nsys-rep and rounded up: BYTES_PER_KERNEL;
-# - kernels per measured step, from H100 captures of the eager matrix (summary column
-#   kernel_count / steps): GPT ~40 a layer forward, ~126 forward+backward, 130-161 for the
-#   AdamW train step (2.7B highest), and bf16 autocast adds up to 25% (its casts); attention
-#   9 (naive) or 6 (SDPA) forward. The numbers below are the upper ends, so the estimate is
-#   high: those captures were 1-12 MB, the model says 4-45 MB.
+# - kernels per measured step: each workload's own upper estimate (`kernels_per_step` of its
+#   module in workloads/models/, from H100 captures: the GPT's and the attention workloads'
+#   captures were 1-12 MB, their estimates 4-45 MB), else DEFAULT_KERNELS_PER_STEP.
 BASE_BYTES = 4 << 20
 BYTES_PER_KERNEL = 400
-GPT_KERNELS_PER_LAYER = {"forward": 41, "forward_backward": 126, "train": 165}
-GPT_LAYERS = {"tiny": 2, "small": 12, "medium": 24, "large": 36, "xl": 48, "2.7B": 32}
-BF16_KERNEL_FACTOR = 1.25
 # The op capture (`ops: true | shapes`) holds PyTorch's op ranges too: on the H100 GPT small
 # bf16 eager step (probe-out/cap2) its export was 3.6x the lean one (13.9 vs 3.8 MB), 6.1x
 # with shapes (23.6 MB); rounded up, on top of the lean capture.
 OPS_CAPTURE_FACTOR = {True: 4, "shapes": 7}
-ATTENTION_KERNELS = {"forward": 10, "forward_backward": 30}
-# A model workload's kernels per step are not known before it runs: a ResNet-50 or GPT-2 train
-# step launches about this many in eager mode (a generous bound for the disk check).
-MODEL_KERNELS_PER_STEP = {"forward": 1000, "forward_backward": 3000, "train": 4000}
+# A workload that does not estimate its kernels (a model from a factory: not known before it
+# runs): a ResNet-50 or GPT-2 train step launches about this many in eager mode (a generous
+# bound for the disk check).
+DEFAULT_KERNELS_PER_STEP = {"forward": 1000, "forward_backward": 3000, "train": 4000}
 # Room besides the captures (report, plots, summaries); PROFBENCH_MIN_FREE_MB overrides it.
 DEFAULT_MIN_FREE_MB = 256
 
@@ -234,19 +231,19 @@ def check_apptainer(cache: Path) -> None:
 
 def estimate_run_bytes(params: Mapping[str, Any]) -> int:
     """Upper estimate of one run's capture and its outputs (the model above)."""
-    mode = params.get("mode", "forward")
-    if params.get("workload") == "gpt":
-        per_step = GPT_LAYERS.get(params.get("size"), 48) * GPT_KERNELS_PER_LAYER.get(mode, 165)
-        if params.get("dtype") == "bf16":
-            per_step = int(per_step * BF16_KERNEL_FACTOR)
-    elif params.get("workload") == "model":
-        per_step = MODEL_KERNELS_PER_STEP.get(mode, 3000)
-    else:
-        per_step = ATTENTION_KERNELS.get(mode, 30)
-    lean = per_step * int(params.get("steps", 10)) * BYTES_PER_KERNEL
+    lean = kernels_per_step(params) * int(params.get("steps", 10)) * BYTES_PER_KERNEL
     run = BASE_BYTES + lean * (1 + OPS_CAPTURE_FACTOR.get(params.get("ops", False), 0))
     # a distributed run: one capture per rank (rank 0's is also the run's own: a hard link)
     return run * (params.get("gpus", 1) if params.get("parallel", "none") != "none" else 1)
+
+
+def kernels_per_step(params: Mapping[str, Any]) -> int:
+    """Kernels one step of the run launches, as its workload estimates them."""
+    module = models.registry().get(params.get("workload"))
+    if module is None or not hasattr(module, "kernels_per_step"):
+        return DEFAULT_KERNELS_PER_STEP.get(params.get("mode", "forward"), 3000)
+    options = models.options_of(params["workload"], dict(params))
+    return module.kernels_per_step(options, params.get("dtype", "fp32"))
 
 
 def _existing_ancestor(path: Path) -> Path:

@@ -72,15 +72,10 @@ def top_level_schema() -> dict[str, Any]:
 
 @cache
 def run_schemas() -> dict[str, dict[str, Any]]:
-    """One complete JSON schema per workload: its own keys plus the keys all runs share."""
-    raw = yaml.safe_load((SCHEMAS / "run.schema.yaml").read_text())
-    common = raw["$defs"]["common"]
+    """One complete JSON schema per workload: its own keys (its Options dataclass,
+    workloads/models/) plus the keys all runs share (schemas/run.schema.yaml)."""
+    common = yaml.safe_load((SCHEMAS / "run.schema.yaml").read_text())["$defs"]["common"]
     schemas = {}
-    for name, schema in raw["workloads"].items():
-        schema = dict(schema)
-        schema["properties"] = {**common, **schema["properties"]}
-        schemas[name] = schema
-    # the workloads of workloads/models/: their schema is their Options dataclass
     for name, module in models.registry().items():
         own = models.options_schema(module.Options)
         schemas[name] = {
@@ -218,11 +213,11 @@ def check_run(where: str, params: dict[str, Any]) -> None:
 
 @cache
 def workload_problem(workload: str, params_json: str) -> tuple[str, str] | None:
-    """(key, problem) a workload of workloads/models/ finds in a run's options before any job
-    starts (e.g. a factory that does not import); None when it finds none. Cached: a sweep's
-    runs share a factory, imported once."""
-    module = models.registry().get(workload)
-    if module is None or not hasattr(module, "check"):
+    """(key, problem) the workload finds in a run's options before any job starts (e.g. a
+    factory that does not import); None when it finds none. Cached: a sweep's runs share a
+    factory, imported once."""
+    module = models.registry()[workload]
+    if not hasattr(module, "check"):
         return None
     return module.check(models.options_of(workload, json.loads(params_json)))
 

@@ -15,16 +15,8 @@ from typing import Any
 
 from workloads import models
 
-# GPT size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
-GPT_SIZE_NEEDS = {
-    "tiny": (4000, 5),
-    "small": (8000, 10),
-    "medium": (12000, 15),
-    "large": (16000, 20),
-    "xl": (24000, 30),
-    "2.7B": (32000, 40),
-}
-# attention, attention_core and calibrate: a few kernels, dominated by start-up.
+# What a job of a workload that does not say (its module's `needs`) reserves: attention,
+# attention_core, sleep and calibrate are a few kernels, dominated by start-up.
 SMALL_JOB_NEEDS = (8000, 10)
 MODE_TIME_FACTOR = {"forward": 1.0, "forward_backward": 2.0, "train": 3.0}
 DEFAULT_STEPS = 15  # warm-up + measured steps the size table assumes
@@ -39,12 +31,9 @@ def run_needs(params: dict[str, Any] | None) -> tuple[float, float]:
     if params is None:
         return SMALL_JOB_NEEDS
     mem_mb, minutes = SMALL_JOB_NEEDS
-    if params["workload"] == "gpt":
-        mem_mb, minutes = GPT_SIZE_NEEDS[params["size"]]
-    elif params["workload"] in models.registry():
-        module = models.registry()[params["workload"]]
-        if hasattr(module, "needs"):
-            mem_mb, minutes = module.needs(models.options_of(params["workload"], params))
+    module = models.registry()[params["workload"]]
+    if hasattr(module, "needs"):  # for the default 5 warm-up + 10 measured steps, forward
+        mem_mb, minutes = module.needs(models.options_of(params["workload"], params))
     minutes *= MODE_TIME_FACTOR.get(params.get("mode", "forward"), 1.0)
     minutes *= max(1.0, (params.get("warmup", 0) + params.get("steps", 0)) / DEFAULT_STEPS)
     if params.get("compile", "off") != "off":

@@ -11,8 +11,9 @@ Examples::
     python -m workloads model --factory my_model.py:make --kwargs '{"width": 64}' --mode train
     python -m workloads calibrate --out peaks.json --dtypes bf16,fp32
 
-The workloads of workloads/models/ (``model``: your own model) get their flags from their
-``Options`` dataclass (workloads/models/__init__.py).
+Each workload is a module of workloads/models/ (the registry: workloads/models/__init__.py):
+its own flags come from its ``Options`` dataclass, the shared ones (dtype, compile, warm-up,
+steps, ...) are added here.
 """
 
 import argparse
@@ -29,75 +30,25 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, models, parallel, process_state, sleep, startgate
-from workloads.attention import IMPLS, SDPA_BACKENDS
+from workloads import calibrate, flops, models, parallel, process_state, startgate
+from workloads.attention import SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
-from workloads.gpt import COMPILE_BLOCKS, SIZES
 from workloads.gpustate import GpuStateRecorder
 from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
 from workloads.jsonfile import write_whole
 from workloads.nvtx_ranges import rng
 from workloads.op_ranges import OP_RANGES
-from workloads.optim import OPTIMIZERS
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
 from workloads.status import classify
-from workloads.steps import (
-    ATTENTION_MODES,
-    COMPILE_MODES,
-    GPT_MODES,
-    Speed,
-    Workload,
-    build_attention,
-    build_attention_core,
-    build_gpt,
-)
+from workloads.steps import COMPILE_MODES, Speed, Workload
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="workload", required=True)
-
-    attention = sub.add_parser("attention", help="naive vs SDPA attention module (notebook)")
-    _flag(attention, "impl", choices=IMPLS, default="naive")
-    _flag(attention, "batch", type=_positive, default=32)
-    _flag(attention, "seq", type=_positive, default=100)
-    _flag(attention, "embed", type=_positive, default=256)
-    _flag(attention, "heads", type=_positive, default=1)
-    _flag(attention, "mode", choices=ATTENTION_MODES, default="forward")
-
-    core = sub.add_parser("attention_core", help="softmax(q k^T) v on (batch, heads, seq, d)")
-    _flag(core, "impl", choices=IMPLS, default="sdpa")
-    _flag(core, "batch", type=_positive, default=8)
-    _flag(core, "heads", type=_positive, default=16)
-    _flag(core, "seq", type=_positive, default=4096)
-    _flag(core, "head_dim", type=_positive, default=128)
-    _flag(core, "causal", type=_boolean, default=False, help="true/false")
-    _flag(core, "mode", choices=ATTENTION_MODES, default="forward")
-
-    gpt = sub.add_parser("gpt", help="CS336 GPT language model")
-    _flag(gpt, "size", choices=list(SIZES), default="small")
-    _flag(gpt, "context", type=_positive, default=512)
-    _flag(gpt, "batch", type=_positive, default=4)
-    _flag(gpt, "vocab", type=_positive, default=10_000)
-    _flag(gpt, "mode", choices=GPT_MODES, default="forward")
-    _flag(gpt, "attention", choices=IMPLS, default="sdpa")
-    _flag(gpt, "optimizer", choices=OPTIMIZERS, default="adamw_foreach",
-          help="train mode only (ignored otherwise)")
-    # Distributed train step, one process per rank under torchrun (workloads/parallel.py).
-    _flag(gpt, "parallel", choices=parallel.PARALLEL_MODES, default="none")
-    _flag(gpt, "gpus", type=_positive, default=1, help="ranks (CPU: gloo processes)")
-    _flag(gpt, "bucket_cap_mb", type=float, default=25.0, help="DDP gradient bucket size")
-    _flag(gpt, "reshard_after_forward", type=_boolean, default=True, help="FSDP: true/false")
-    _flag(gpt, "compile_blocks", choices=COMPILE_BLOCKS, default="each",
-          help="with --compile: each = every layer traced into one flat graph; once = the "
-               "block is one nested compile region, compiled once for every layer; "
-               "regional = each layer's block compiled on its own, the layer loop eager")
-
-    sleeper = sub.add_parser("sleep", help="a step that sleeps --step-ms: a known step time")
-    sleep.add_arguments(sleeper, _flag)
 
     registered = []
     for name, module in models.registry().items():
@@ -105,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         models.add_options(sub_parser, module.Options, _flag, _boolean)
         registered.append(sub_parser)
 
-    for p in (attention, core, gpt, sleeper, *registered):
+    for p in registered:
         _flag(p, "dtype", choices=DTYPES, default="fp32")
         _flag(p, "compile", choices=COMPILE_MODES, default="off")
         _flag(p, "cuda_graph", choices=CUDA_GRAPH_MODES, default="off",
@@ -223,6 +174,25 @@ NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
     ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"))}
 
 
+def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The record's ``params``: every option of the command line but the workload's name
+    (a single-process run leaves out the distributed ones), with the device it resolved to."""
+    params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+              if parallel.is_distributed(args) or k not in parallel.ARGS}
+    params.pop("workload")
+    params["device"] = device.type
+    return params
+
+
+def hashed_params(params: dict[str, Any]) -> dict[str, Any]:
+    """What the config hash covers: where the record lands is no config; op ranges and step
+    graphs off is every run before they existed (their config hash stays the same), and so
+    is compiling each block; an uncompiled run's compile_blocks changes nothing."""
+    return {k: v for k, v in params.items()
+            if k != "out" and (k, json.dumps(v)) not in NEW_DEFAULTS
+            and not (k == "compile_blocks" and params["compile"] == "off")}
+
+
 class Record:
     """The result JSON of one run, written whatever the outcome."""
 
@@ -230,16 +200,7 @@ class Record:
         self.args, self.device = args, device
         process = process_state.at_start()  # first: nothing below may touch it (docs/timing.md)
         process_state.mark(process, "main")
-        params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                  if parallel.is_distributed(args) or k not in parallel.ARGS}
-        params.pop("workload")
-        params["device"] = device.type
-        # where it lands is no config; op ranges and step graphs off is every run before they
-        # existed (their config hash stays the same), and so is compiling each block; an
-        # uncompiled run's compile_blocks changes nothing
-        hashed = {k: v for k, v in params.items()
-                  if k != "out" and (k, json.dumps(v)) not in NEW_DEFAULTS
-                  and not (k == "compile_blocks" and params["compile"] == "off")}
+        params = record_params(args, device)
         self.result: dict[str, Any] = {
             "workload": args.workload,
             "status": "error",
@@ -254,7 +215,7 @@ class Record:
             "step_ms": [],
             "losses": [],
             "gpu_state": {"available": False, "reason": "run did not reach the measured steps"},
-            "provenance": provenance(params=hashed),
+            "provenance": provenance(params=hashed_params(params)),
             "process": process,
         }
 
@@ -335,31 +296,10 @@ RESULT_TIMING_KEYS = (
 
 def build_workload(args: argparse.Namespace, device: torch.device,
                    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> Workload:
-    if args.workload == "sleep":
-        return sleep.build(args)
-    speed = _speed(args)
-    if args.workload in models.registry():
-        module = models.registry()[args.workload]
-        settings = models.RunSettings(dtype=args.dtype, device=device, seed=args.seed,
-                                      speed=speed, wrap=wrap)
-        return module.build(models.options_of(args.workload, vars(args)), settings)
-    common = dict(
-        batch=args.batch, dtype=args.dtype, mode=args.mode, device=device, seed=args.seed,
-        speed=speed,
-    )
-    if args.workload == "attention":
-        return build_attention(
-            impl=args.impl, seq=args.seq, embed=args.embed, heads=args.heads, **common
-        )
-    if args.workload == "attention_core":
-        return build_attention_core(
-            impl=args.impl, heads=args.heads, seq=args.seq, head_dim=args.head_dim,
-            causal=args.causal, **common,
-        )
-    return build_gpt(
-        size=args.size, context=args.context, vocab=args.vocab, attention=args.attention,
-        wrap=wrap, **common,
-    )
+    module = models.registry()[args.workload]
+    settings = models.RunSettings(dtype=args.dtype, device=device, seed=args.seed,
+                                  speed=_speed(args), wrap=wrap)
+    return module.build(models.options_of(args.workload, vars(args)), settings)
 
 
 def _speed(args: argparse.Namespace) -> Speed:
@@ -409,16 +349,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 def summary_line(result: dict[str, Any]) -> str:
     p = result["params"]
-    if result["workload"] == "gpt":
-        variant = f"gpt {p['size']} {p['attention']}"
-    elif result["workload"] == "attention":
-        variant = f"attention {p['impl']} h={p['heads']}"
-    elif result["workload"] == "sleep":
-        variant = sleep.variant(p)
-    elif result["workload"] == "model":
-        variant = f"model {p['factory']}"
-    else:
-        variant = f"attention_core {p['impl']} h={p['heads']} s={p['seq']} d={p['head_dim']}"
+    module = models.registry()[result["workload"]]
+    variant = (module.summary(models.options_of(result["workload"], p))
+               if hasattr(module, "summary") else result["workload"])
     if p["compile"] != "off":
         variant += f" compile={p['compile']}"
     if p.get("compile_blocks", "each") != "each" and p["compile"] != "off":
