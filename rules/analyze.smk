@@ -10,10 +10,13 @@ rule run_stats:
     """The 7 nsys stats reports (same values as `nsys stats`) plus extras, for one run; a run
     that failed gets empty reports and a metrics.json with its status. The run record gives
     the model size and a whole-step CUDA graph's node counts per phase; a compiled run's
-    TORCH_TRACE maps its kernels to their source ops and model code (kernel_map.csv)."""
+    TORCH_TRACE maps its kernels to their source ops and model code (kernel_map.csv). From
+    the same captures, the run's Perfetto trace (every rank on one clock) and timeline figure;
+    a failed run gets an empty trace and a labelled placeholder figure."""
     input:
         image=IMAGE_INPUT,
         sqlite=f"{RESULTS}/{{run}}/profile.sqlite",
+        exports=run_exports,
         times=f"{RESULTS}/{{run}}/times.json",
         trace=f"{RESULTS}/{{run}}/torch_trace",
     output:
@@ -32,6 +35,18 @@ rule run_stats:
             for name in STATS_CSVS
         ],
         metrics=f"{RESULTS}/{{run}}/stats/metrics.json",
+        perfetto=report(
+            f"{RESULTS}/{{run}}/trace/trace.perfetto-trace.gz",
+            caption="../report/run_trace.rst",
+            category="4. Runs",
+            subcategory="{run}",
+        ),
+        timeline=report(
+            f"{RESULTS}/{{run}}/trace/timeline.png",
+            caption="../report/run_timeline.rst",
+            category="4. Runs",
+            subcategory="{run}",
+        ),
     log:
         f"{LOGS}/run_stats/{{run}}.log",
     benchmark:
@@ -39,6 +54,7 @@ rule run_stats:
     params:
         python=PYTHON,
         outdir=lambda wc, output: os.path.dirname(output.metrics),
+        tracedir=lambda wc, output: os.path.dirname(output.timeline),
         reports=" ".join(STATS_CSVS),
     container:
         RULE_CONTAINER
@@ -47,7 +63,9 @@ rule run_stats:
         " {params.python} -m analysis all {input.sqlite} -o {params.outdir}"
         " --record {input.times} --torch-trace {input.trace} > {log} 2>&1;"
         " else {params.python} -m pipeline.outcome failed-stats {input.times} {params.outdir}"
-        " {params.reports} > {log} 2>&1; fi"
+        " {params.reports} > {log} 2>&1; fi;"
+        " {params.python} -m analysis trace {input.exports} -o {params.tracedir}"
+        " --record {input.times} --torch-trace {input.trace} --name {wildcards.run} >> {log} 2>&1"
 
 
 rule op_stats:
@@ -223,64 +241,8 @@ rule compare:
         " echo 'one side failed: see its times.json' > {log}; fi"
 
 
-# Per captured run: a Perfetto trace of its measured steps and the timeline figure of one step
-# (python -m analysis trace; docs/analysis.md, "Timeline and trace").
+# Per captured run, made by run_stats from the same captures: a Perfetto trace of its measured
+# steps and the timeline figure of one step (python -m analysis trace; docs/analysis.md,
+# "Timeline and trace").
 TRACE_FILES = ["trace.perfetto-trace.gz", "timeline.png"]
 TRACE_OUTPUTS = expand(f"{RESULTS}/{{run}}/trace/{{name}}", run=PROFILED, name=TRACE_FILES)
-
-
-def trace_exports(wildcards):
-    """The run's captures: every rank's for a distributed run (rules/distributed.smk); none
-    when the run was analysed and its captures are gone since (dropped, or a results folder
-    copied without them, docs/reliability.md): a trace is not worth capturing again."""
-    ranks = PROFILED_DISTRIBUTED.get(wildcards.run)
-    run = f"{RESULTS}/{wildcards.run}"
-    exports = ([f"{run}/profile.rank{r}.sqlite" for r in range(ranks)] if ranks
-               else [f"{run}/profile.sqlite"])
-    if os.path.exists(f"{run}/stats/metrics.json") and not all(map(os.path.exists, exports)):
-        return []
-    return exports
-
-
-def trace_torch_trace(wildcards):
-    """The capture's TORCH_TRACE folder, with the captures (trace_exports)."""
-    return [f"{RESULTS}/{wildcards.run}/torch_trace"] if trace_exports(wildcards) else []
-
-
-rule trace:
-    """A Perfetto trace of the run's measured steps (the median step and the next, every rank
-    on one clock) and the timeline figure of one step; a failed run, or one whose captures
-    are gone, gets an empty trace and a labelled placeholder figure."""
-    input:
-        image=IMAGE_INPUT,
-        exports=trace_exports,
-        times=f"{RESULTS}/{{run}}/times.json",
-        trace=trace_torch_trace,
-    output:
-        trace=report(
-            f"{RESULTS}/{{run}}/trace/trace.perfetto-trace.gz",
-            caption="../report/run_trace.rst",
-            category="4. Runs",
-            subcategory="{run}",
-        ),
-        timeline=report(
-            f"{RESULTS}/{{run}}/trace/timeline.png",
-            caption="../report/run_timeline.rst",
-            category="4. Runs",
-            subcategory="{run}",
-        ),
-    log:
-        f"{LOGS}/trace/{{run}}.log",
-    benchmark:
-        f"{LOGS}/benchmark/trace/{{run}}.jsonl"
-    params:
-        python=PYTHON,
-        outdir=lambda wc, output: os.path.dirname(output.trace),
-        torch_trace=lambda wc, input: f"--torch-trace {input.trace}" if input.trace else "",
-    container:
-        RULE_CONTAINER
-    shell:
-        # without captures (trace_exports): a trace made from them earlier is kept, else the
-        # run gets an empty trace and a placeholder figure
-        "{params.python} -m analysis trace {input.exports} -o {params.outdir}"
-        " --record {input.times} {params.torch_trace} --name {wildcards.run} > {log} 2>&1"

@@ -336,3 +336,14 @@ onsuccess:
 
 onerror:
     stop_fork_servers()
+
+
+# -- run_stats' captures (rules/analyze.smk) ---------------------------------------------------
+def run_exports(wildcards):
+    """The run's captures: every rank's for a distributed run (rules/distributed.smk; rank 0's
+    is also profile.sqlite), else its one capture. Its trace shows them all on one clock."""
+    ranks = PLAN.distributed.get(wildcards.run)
+    run = f"{RESULTS}/{wildcards.run}"
+    if ranks:
+        return [f"{run}/profile.rank{r}.sqlite" for r in range(ranks)]
+    return [f"{run}/profile.sqlite"]
