@@ -5,9 +5,6 @@ torch.compile."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -155,32 +152,30 @@ def test_master_weights_are_separate_tensors_over_the_flat_buffers() -> None:
     assert torch.all(weight == 0.5)  # the same memory, not a copy
 
 
-def test_the_workload_records_its_setting_and_the_config_hash_of_each_is_unchanged(
-        tmp_path: Path) -> None:
+def test_the_workload_records_its_setting_and_the_config_hash_of_each_is_unchanged() -> None:
     """Compiled `once`: a new config hash; `each` is how compiled runs compiled before the
-    key existed, and an uncompiled run ignores it: their hashes stay what they were."""
-    def record(*flags: str) -> dict:
-        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}.json"
-        subprocess.run([sys.executable, "-m", "workloads", "gpt", "--size", "tiny",
-                        "--context", "32", "--vocab", "512", "--mode", "train", "--warmup", "1",
-                        "--steps", "2", "--device", "cpu", "--out", str(out), *flags],
-                       cwd=REPO, check=True, capture_output=True)
-        return json.loads(out.read_text())
-
-    eager = record()
-    eager_once = record("--compile_blocks", "once")
-    assert eager["params"]["compile_blocks"] == "each"
-    assert eager_once["params"]["compile_blocks"] == "once"
-    assert eager_once["provenance"]["config_hash"] == eager["provenance"]["config_hash"]
-    once = record("--compile", "default", "--compile_blocks", "once")
-    each = record("--compile", "default")
-    assert once["status"] == each["status"] == "ok"
-    assert once["losses"] == pytest.approx(each["losses"], rel=1e-5)
-    assert once["provenance"]["config_hash"] != each["provenance"]["config_hash"]
-    without_key = dict(each["params"])
-    del without_key["compile_blocks"]
+    key existed, and an uncompiled run ignores it: their hashes stay what they were. The
+    record's params and hash as the workload computes them (workloads/__main__.py); that
+    `once` and `each` compute the same step: test_once_gradients_equal_eager_ones."""
+    from workloads.__main__ import build_parser, hashed_params, record_params
     from workloads.provenance import config_hash
 
+    def record(*flags: str) -> tuple[dict, str]:
+        args = build_parser().parse_args(
+            ["gpt", "--size", "tiny", "--context", "32", "--vocab", "512", "--mode", "train",
+             "--warmup", "1", "--steps", "2", "--device", "cpu", "--out", "r.json", *flags])
+        params = record_params(args, torch.device("cpu"))
+        return params, config_hash(hashed_params(params))
+
+    (eager, eager_hash), (eager_once, eager_once_hash) = record(), record(
+        "--compile_blocks", "once")
+    assert eager["compile_blocks"] == "each" and eager_once["compile_blocks"] == "once"
+    assert eager_once_hash == eager_hash
+    (_, once_hash), (each, each_hash) = (record("--compile", "default", "--compile_blocks",
+                                                "once"), record("--compile", "default"))
+    assert once_hash != each_hash
+    # `each` hashes as a compiled run did before the key existed
+    without_key = {k: v for k, v in each.items() if k != "compile_blocks"}
     hashed = {k: v for k, v in without_key.items()
               if k != "out" and (k, v) not in {("op_ranges", "off"), ("cuda_graph", "off")}}
-    assert each["provenance"]["config_hash"] == config_hash(hashed)
+    assert each_hash == config_hash(hashed)

@@ -118,7 +118,10 @@ def test_partial_results_finish_elsewhere_without_recomputing(
     assert "Nothing to be done" in run(b, config, "--cores", "1", "-n")
 
     # Re-capture one run (as after an analysis fix): its capture, statistics and comparison
-    # are made again; the run it is compared with is not captured again (its capture is gone)
+    # are made again; the run it is compared with is not captured again (its capture is gone).
+    # Once, with the configs' default: without captures to keep, the same jobs run.
+    if not keep_captures:
+        return
     (b / RESULTS / "sdpa" / "times.json").unlink()
     shutil.rmtree(b / RESULTS / "sdpa" / "stats")
     other = b / RESULTS / "naive" / "stats" / "metrics.json"
