@@ -24,7 +24,8 @@ $(VENV)/.installed: pyproject.toml
 # The checks first (standard library only): a machine without a GPU or apptainer is told at
 # once, before the venv is set up or an image is built. CONTAINER=none runs the jobs in this
 # host's Python environment instead of the image (a cluster module, a vendor container):
-# scripts/run-on-host.sh, which needs no venv and no network (WHEEL_KIT for offline wheels).
+# scripts/run-on-host.sh, which needs no venv and no network (WHEEL_KIT for offline wheels);
+# its --cores is 4 unless CORES is given, so analysis jobs overlap the GPU jobs.
 CONTAINER ?= apptainer
 # the config CONTAINER=none runs
 CONFIG ?= config.yaml
@@ -32,7 +33,7 @@ run:
 ifeq ($(CONTAINER),none)
 	python3 -m pipeline.checks --gpu \
 	  --why "make run CONTAINER=none profiles the GPU matrix ($(CONFIG)) in this Python environment"
-	CORES=$(CORES) bash scripts/run-on-host.sh $(CONFIG)
+	CORES=$(if $(filter command line,$(origin CORES)),$(CORES),4) bash scripts/run-on-host.sh $(CONFIG)
 else
 	python3 -m pipeline.checks --gpu --apptainer \
 	  --why "make run profiles the default GPU matrix (config.yaml) in the CUDA image"
