@@ -23,7 +23,6 @@ kit=${WHEEL_KIT:-$([ -d gpu-kit ] && echo gpu-kit)}
 packages=${HOST_PACKAGES:-/tmp/profbench-packages}
 archive=${ARCHIVE_DIR:-${OUT:-}}
 resume=${RESUME_DIR:-resume}
-log=${archive:-.}/snakemake-host.log
 if [ -n "$kit" ]; then
   [ -f "$kit/setup.sh" ] && source "$kit/setup.sh" >/dev/null 2>&1
   if ! python3 -c 'import snakemake' 2>/dev/null && [ ! -d "$packages/snakemake" ]; then
@@ -43,11 +42,18 @@ if note: print("export PYTHONPYCACHEPREFIX=" + shlex.quote(e["PYTHONPYCACHEPREFI
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 results=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['results'])" "$configfile")
 configs=(--configfile "$configfile")
+# Snakemake's own output: beside the archives, else in the results folder's logs
+log=${archive:-$results/logs}/snakemake-host.log
+mkdir -p "$(dirname "$log")"
 if [ -n "$archive" ]; then
   # Archived results travel without captures, so a resumed attempt must not redo them:
   # keep_captures false makes them temp() outputs that are not remade once their tables exist.
   printf 'keep_captures: false\n' > /tmp/profbench-archived.yaml
   configs+=(/tmp/profbench-archived.yaml)
+fi
+# Inductor's compile cache travels with the archives (a cold 2.7B compile is minutes, a cached
+# one seconds): a known folder whenever one is written or unpacked.
+if [ -n "$archive" ] || [ -f "$resume/inductor.tgz" ]; then
   export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/profbench-inductor}
 fi
 start=$(date +%s)
