@@ -3,7 +3,7 @@
 Rows, top to bottom, per rank (stacked for a distributed run, on one clock):
 
 * **phase**: where on the GPU the ops of each training phase run (by the phase they were
-  launched in, analysis/metrics/phases.py);
+  launched in, analysis/metrics/phases.py), as light tints named in place;
 * **layer**: the same for the model's layers (``layer_<i>`` or a model's layer modules),
   one colour per layer along the layer colour map, labelled where there is room;
 * **one row per GPU stream**: kernels and copies coloured by category; communication
@@ -142,10 +142,15 @@ def _rank_rows(r: RankEvents, lo: int, hi: int, edges: np.ndarray, prefix: str
     gs, ge = g.start + shift, g.end + shift
     inside = (ge > lo) & (gs < hi)
     rows: list[Row] = []
-    phase_colors = {p: style.PHASE_COLORS[_PHASE_LABEL[name]] for p, name in enumerate(PHASES)}
+    # phases as tints named in place: their hues are the kernel categories' palette too, and
+    # a full-strength "forward" band would read as a run of GEMMs
+    phase_colors = {p: _tint(style.PHASE_COLORS[_PHASE_LABEL[name]])
+                    for p, name in enumerate(PHASES)}
     if (g.phase[inside] >= 0).any():
         rgb, bands = _spans(gs[inside], ge[inside], g.phase[inside], phase_colors, edges)
-        rows.append(Row(f"{prefix}phase", rgb, bands=bands))
+        names = [_PHASE_LABEL[name] for name in PHASES]
+        rows.append(Row(f"{prefix}phase", rgb, bands=bands,
+                        layer_labels=_band_labels(bands, names, edges)))
     layer_row = _layer_row(r, inside, gs, ge, edges, prefix)
     if layer_row is not None:
         rows.append(layer_row)
@@ -180,14 +185,26 @@ def _layer_row(r: RankEvents, inside: np.ndarray, gs: np.ndarray, ge: np.ndarray
     key = index[g.layer[inside]]
     colors = {i: style.layer_color(i, len(names)) for i in range(len(names))}
     rgb, bands = _spans(gs[inside], ge[inside], key, colors, edges, g.phase[inside])
+    labels = _band_labels(bands, [_short_layer(name) for name in names], edges)
+    return Row(f"{prefix}layer", rgb, layer_labels=labels, bands=bands)
+
+
+def _band_labels(bands: list[tuple[int, float, float]], names: list[str], edges: np.ndarray
+                 ) -> list[tuple[float, str]]:
+    """(centre ms, text) of each band wide enough for its name: ~6 px a character of the
+    ~1000 px wide axes."""
     lo, span = edges[0], edges[-1] - edges[0]
     labels = []
     for i, a, b in bands:
-        text = _short_layer(names[i])
-        # a label where its band holds it: ~6 px a character of the ~1000 px wide axes
+        text = names[i]
         if (b - a) / span * PIXELS >= (6 * len(text) + 4) * PIXELS / 1000:
             labels.append(((a + b) / 2 / 1e6 - lo / 1e6, text))
-    return Row(f"{prefix}layer", rgb, layer_labels=labels, bands=bands)
+    return labels
+
+
+def _tint(color: str, white: float = 0.55) -> tuple[float, float, float]:
+    """``color`` blended with ``white`` parts of white."""
+    return tuple(c + (1.0 - c) * white for c in to_rgb(color))  # type: ignore[return-value]
 
 
 def _layer_key(name: str) -> tuple[int, str]:
@@ -315,9 +332,6 @@ def _legend(fig, gpus: list) -> None:
     present = sorted({int(c) for g in gpus for c in np.unique(g.category).tolist()})
     handles = [Patch(color=style.CATEGORY_COLORS[CATEGORIES[c]], label=CATEGORIES[c])
                for c in present]
-    phases = sorted({int(p) for g in gpus for p in np.unique(g.phase).tolist() if p >= 0})
-    handles += [Patch(color=style.PHASE_COLORS[_PHASE_LABEL[PHASES[p]]],
-                      label=f"phase: {_PHASE_LABEL[PHASES[p]]}") for p in phases]
     handles += [Patch(color=LAUNCH_COLOR, label="launch call"),
                 Patch(color=OTHER_API_COLOR, label="other CUDA API call")]
     if any((g.category == COMMUNICATION).any() for g in gpus):
