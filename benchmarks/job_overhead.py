@@ -57,8 +57,8 @@ def run_side(configfiles: list[Path], launcher: str, workdir: Path, cores: int, 
     results = workdir / launcher
     if results.exists():
         shutil.rmtree(results)
-    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--resources", "gpu=2",
-           "--keep-going", "--configfile", *map(str, configfiles),
+    cmd = [sys.executable, "-m", "snakemake", "--cores", str(cores), "--keep-going",
+           "--configfile", *map(str, configfiles),
            "--config", f"results={results}", f"launcher={launcher}", *extra_config,
            *snakemake_args]
     if not all_rules:

@@ -3,7 +3,8 @@ crashed pipeline.
 
     python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N]
                              [--expect FILE ...] [--run NAME] [--fork-slot N]
-                             [--repeats R] -- CMD ARGS...
+                             [--repeats R] [--gpu-locks DIR --host-gpus IDS [--gpus K]
+                             [--device-lock]] -- CMD ARGS...
 
 CMD runs in its own process group; its stdout/stderr stream through to the guard's (the job
 log). With --fork-slot N, a `<python> -m workloads ARGS` command is forked by the pipeline's
@@ -31,6 +32,13 @@ RESULT.json, timeout and process (forked by server i). A repeat that ends ``oom`
 ``unsupported`` or ``timeout`` ends the run: the same run fails the same way again (it does
 not fit, this machine cannot run it, or it would wait out the limit once more), so each
 later repeat's RESULT.json says ``skipped`` and why, and no process starts for it.
+
+With --gpu-locks, the job takes whole GPUs of its own first (pipeline/gpus.py): K of the
+host's GPUs (--host-gpus, comma-separated CUDA_VISIBLE_DEVICES entries, or ``cpu``), K being
+--gpus, else the --ranks of a ``-m pipeline.launch`` command, else 1; it waits while they are
+held by other jobs and keeps them until it exits. CMD gets them as CUDA_VISIBLE_DEVICES (with
+--device-lock also their device lock, PROFBENCH_DEVICE_LOCK, for a capture), its fork slot N
+becomes that of its GPU's server, and RESULT.json records them (``assigned_gpus``).
 
 A command that fails the way nsys does when it loses its own agent while a session starts
 (exit 1 within seconds, no record written, "Connection to Agent lost" or "End of file") is
@@ -61,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline import bytecode, forkserver, launch
+from pipeline import bytecode, forkserver, gpus, launch
 from workloads import startgate
 from workloads.contract import EXIT_CODES
 from workloads.proctree import descendants
@@ -542,6 +550,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, metavar="R",
                         help=f"run CMD R times, one after another; {REPEAT} in --out, "
                              "--fork-slot and CMD becomes the repeat's index")
+    parser.add_argument("--gpu-locks", type=Path, metavar="DIR",
+                        help="take whole GPUs of the host (--host-gpus) under the locks in DIR")
+    parser.add_argument("--host-gpus", metavar="IDS",
+                        help="the host's GPUs, comma-separated CUDA_VISIBLE_DEVICES entries "
+                             f"(or {gpus.CPU})")
+    parser.add_argument("--gpus", type=int, metavar="K",
+                        help="GPUs the job takes (default: the --ranks of a pipeline.launch "
+                             "CMD, else 1)")
+    parser.add_argument("--device-lock", action="store_true",
+                        help="give CMD its GPU's device lock (PROFBENCH_DEVICE_LOCK)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     if args.cmd[:1] == ["--"]:
@@ -550,6 +568,10 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("no command given (put it after --)")
     if args.timeout_s is not None and args.timeout_s <= 0:
         parser.error(f"--timeout-s must be positive, not {args.timeout_s:g}")
+    if (args.gpu_locks is None) != (not args.host_gpus):
+        parser.error("--gpu-locks and --host-gpus go together")
+    if args.gpus is not None and args.gpus < 1:
+        parser.error(f"--gpus must be at least 1, not {args.gpus}")
     if args.repeats is not None:
         if args.repeats < 1:
             parser.error(f"--repeats must be at least 1, not {args.repeats}")
@@ -561,21 +583,45 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
         [_slot(args.fork_slot, i) for i in range(args.repeats or 1)]
     except ValueError:
         parser.error(f"--fork-slot must be a number (or {REPEAT}), not {args.fork_slot!r}")
+    args.held = None  # the GPUs the job holds, once taken (take_gpus)
     return args
 
 
-def _slot(fork_slot: str | None, repeat: int) -> int | None:
-    return None if fork_slot is None else int(fork_slot.replace(REPEAT, str(repeat)))
+def take_gpus(args: argparse.Namespace) -> gpus.Held | None:
+    """The job's whole GPUs (--gpu-locks), put in this process's environment so that
+    everything it starts (a process, a fork server's child, torchrun's ranks) has them."""
+    if args.gpu_locks is None:
+        return None
+    host = args.host_gpus.split(",")
+    count = args.gpus or launch.ranks_in(args.cmd) or 1
+    held = gpus.take(args.gpu_locks, host, count, owner=args.run or str(args.out))
+    os.environ.update(held.env())
+    if args.device_lock:
+        os.environ[startgate.ENV_DEVICE_LOCK] = str(held.device_lock())
+    what = ("the CPU's slot (no GPU)" if held.gpus == [gpus.CPU] else
+            f"GPU {', '.join(map(str, held.indices))} of {len(host)}, "
+            f"CUDA_VISIBLE_DEVICES={held.env()[gpus.ENV]}")
+    print(f"guard: took {what} after {held.waited_s:.2f} s", file=sys.stderr, flush=True)
+    return held
+
+
+def _slot(fork_slot: str | None, repeat: int, held: gpus.Held | None = None) -> int | None:
+    """The fork server of a repeat: its slot, on the server of the job's GPU."""
+    if fork_slot is None:
+        return None
+    slot = int(fork_slot.replace(REPEAT, str(repeat)))
+    return held.fork_slot(slot) if held is not None else slot
 
 
 def repeat_args(args: argparse.Namespace, repeat: int) -> argparse.Namespace:
     """The arguments of one repeat: its index in place of {repeat} (--out, --fork-slot, CMD)."""
+    held = getattr(args, "held", None)
     if args.repeats is None:
-        return argparse.Namespace(**{**vars(args), "fork_slot": _slot(args.fork_slot, 0)})
+        return argparse.Namespace(**{**vars(args), "fork_slot": _slot(args.fork_slot, 0, held)})
     put = str(repeat)
     return argparse.Namespace(**{
         **vars(args), "out": Path(str(args.out).replace(REPEAT, put)),
-        "fork_slot": _slot(args.fork_slot, repeat),
+        "fork_slot": _slot(args.fork_slot, repeat, held),
         "cmd": [a.replace(REPEAT, put) for a in args.cmd]})
 
 
@@ -654,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     one = repeat_args(args, 0)
     early: EarlyStart | None = None
     try:
+        args.held = take_gpus(args)  # first: nothing of the job runs before it has its GPUs
         if args.fork_slot is not None and args.repeats is not None:
             start_fork_servers(args)
         ended: tuple[int, dict[str, Any]] | None = None  # the repeat that ended the run
@@ -691,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if early is not None:
             early.close()
+        if args.held is not None:
+            args.held.release()
     return 0
 
 
@@ -749,7 +798,7 @@ def start_fork_servers(args: argparse.Namespace) -> None:
     start = time.monotonic()
     wait_s = SERVER_WAIT_S if args.timeout_s is None else min(SERVER_WAIT_S, args.timeout_s)
     started = forkserver.start_servers(
-        [_slot(args.fork_slot, i) for i in range(args.repeats)], start + wait_s)
+        [_slot(args.fork_slot, i, args.held) for i in range(args.repeats)], start + wait_s)
     if started:
         print(f"guard: started fork servers {', '.join(map(str, started))} together "
               f"({time.monotonic() - start:.2f} s)", file=sys.stderr, flush=True)
@@ -760,6 +809,8 @@ def write_result(args: argparse.Namespace, result: dict[str, Any],
     """Write one command's (or skipped repeat's) result, named after its run, and say so."""
     if args.run:
         result.setdefault("run", args.run)
+    if args.held is not None:
+        result["assigned_gpus"] = args.held.record()
     write_atomically(args.out, result)
     how = (result["message"] if result["status"] == SKIPPED
            else f"{result['status']} (exit {result['returncode']}, {result['elapsed_s']} s)")

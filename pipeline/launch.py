@@ -7,7 +7,9 @@ runs ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 
 CMD ...``: every rank runs CMD (``python -m workloads gpt ... --parallel ddp``, or ``nsys
 profile -o <run>/profile.rank%q{RANK} python -m workloads ...`` for one capture per rank).
 Where the ranks go: ``--device cuda``, or ``auto`` on a machine with a GPU, takes one GPU per
-rank (``LOCAL_RANK``); otherwise gloo processes on the CPU, one core each. A machine with
+rank (``LOCAL_RANK``) of those the job holds: on one machine its guard took N whole GPUs
+(pipeline/gpus.py) and set CUDA_VISIBLE_DEVICES to them, on a cluster Slurm did; otherwise
+gloo processes on the CPU, one core each. A machine with
 fewer is a result, not a hang: RESULT.json gets status ``unsupported`` and the exit code is 4.
 
 NCCL keeps NVLink multicast (NVLS) off: the three variables below are set in the ranks'
@@ -59,6 +61,21 @@ def visible_gpus() -> int:
     if not entries or entries[0].strip() == "-1":
         return 0
     return min(listed, len(entries))
+
+
+def ranks_in(cmd: list[str]) -> int | None:
+    """The --ranks of a ``<python> -m pipeline.launch`` command (the GPUs its job takes), or
+    None for any other command."""
+    if cmd[1:3] != ["-m", "pipeline.launch"]:
+        return None
+    for i, arg in enumerate(cmd[3:], start=3):
+        if arg == "--":
+            break
+        value = cmd[i + 1] if arg == "--ranks" and i + 1 < len(cmd) else (
+            arg.removeprefix("--ranks=") if arg.startswith("--ranks=") else None)
+        if value is not None:
+            return int(value) if value.isdigit() else None  # launch itself rejects it
+    return None
 
 
 def usable_cores() -> int:

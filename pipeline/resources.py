@@ -1,12 +1,13 @@
 """What a GPU job reserves on a cluster: host memory and wall time from the run's size and mode.
 
-GPU jobs (calibrate, time_run, profile) declare `gpu` (one GPU on a cluster; on one machine the
-GPU's tokens, rules/common.smk); analysis jobs declare none. `mem_mb`
-(host RAM) and `runtime` (minutes) tell a cluster what to reserve: generous estimates from the
-run's size and mode, doubled on a retry and never above the guard's own limit (timeout_min,
-plus start-up and the nsys export), so the guard, not Slurm, ends a run that hangs. A site
-overrides them with --set-resources; each GPU job's `benchmark:` file records its seconds and
-max_rss (docs/cluster.md).
+GPU jobs declare `gpu`, the whole GPUs they use: one (calibrate, time_run, profile), or one per
+rank (a distributed run's jobs); on one machine each job's guard takes that many GPUs of its
+own (pipeline/gpus.py, rules/common.smk), on a cluster Slurm does. Analysis jobs declare none.
+`mem_mb` (host RAM) and `runtime` (minutes) tell a cluster what to reserve: generous estimates
+from the run's size and mode, doubled on a retry and never above the guard's own limit
+(timeout_min, plus start-up and the nsys export), so the guard, not Slurm, ends a run that
+hangs. A site overrides them with --set-resources; each GPU job's `benchmark:` file records its
+seconds and max_rss (docs/cluster.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 # Configuration and the settings every stage shares: thin glue over the importable modules
 # (pipeline/config.py resolves the config; pipeline/tools.py finds nsys and apptainer;
-# pipeline/resources.py sizes GPU jobs; pipeline/gitstate.py stamps the commit). Included
+# pipeline/gpus.py gives GPU jobs whole GPUs; pipeline/resources.py sizes GPU jobs;
+# pipeline/gitstate.py stamps the commit). Included
 # first by the Snakefile; everything below is evaluated before any job is planned, so a bad
 # config stops the workflow with a message that names the offending key.
 
 import json
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from pipeline import bytecode as _bytecode  # noqa: E402
 from pipeline import config as _config  # noqa: E402
 from pipeline import forkserver as _forkserver  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
+from pipeline import gpus as _gpus  # noqa: E402
 from pipeline import resources as _resources  # noqa: E402
 from pipeline import tools as _tools  # noqa: E402
 from workloads.cachedir import cache_dir as _cache_dir  # noqa: E402
@@ -153,16 +156,19 @@ NSYS_INPUT = [str(NSYS_INSTALLED_MARKER)] if NSYS_NEEDS_INSTALL else []
 PYTHON = "python3" if USE_CONTAINER else sys.executable
 
 
-# --- resources (pipeline/resources.py) -------------------------------------------------------
-# A machine's GPU is GPU_TOKENS tokens of the `gpu` resource (the default workflow profile
-# sets `resources: gpu=2`). A capture takes one: two captures may run at once, the second
-# starting (Snakemake, nsys, its imports) while the first measures and then waiting at the
-# device lock (PROFBENCH_DEVICE_LOCK, workloads/startgate.py) before its first CUDA call
-# until the first one's process has exited. Every other GPU job (calibrate, time_run, a
-# distributed run) takes them all, so it never shares the GPU; analysis jobs take none and
-# overlap with the captures under `--cores N`. The Slurm executor turns `gpu` into `sbatch
-# --gpus`: there each GPU job asks for one (docs/cluster.md), and no lock is used.
-GPU_TOKENS = 2
+# --- GPUs and resources (pipeline/gpus.py, pipeline/resources.py) ---------------------------
+# Snakemake's `gpu` resource counts whole GPUs. Every GPU job declares the GPUs it uses: one
+# (calibrate, time_run, profile, profile_ops) or its ranks (a distributed run's jobs, the
+# all-reduce sweep); analysis jobs declare none. Where the jobs run on this machine, the
+# invocation has as many as the host (CUDA_VISIBLE_DEVICES' entries, else NVML's GPUs; one
+# slot, the CPU, without any) unless `--resources gpu=N` sets it, and each job's guard takes
+# that many whole GPUs of its own under a lock per GPU and runs its command with
+# CUDA_VISIBLE_DEVICES set to them. So one-GPU jobs run side by side on different GPUs, and no
+# job ever shares a GPU with another, a timing job above all; a killed job's GPUs are free at
+# once (the kernel drops its locks). A capture also takes its GPU's device lock before its
+# first CUDA call (workloads/startgate.py: it waits until the GPU's memory is back). On a
+# remote executor (Slurm) the same `gpu` becomes `sbatch --gpus=N` and Slurm assigns the
+# devices: no locks there (docs/cluster.md).
 
 
 def runs_on_this_machine() -> bool:
@@ -176,36 +182,59 @@ def runs_on_this_machine() -> bool:
     return True
 
 
-def whole_gpu() -> int:
-    """The `gpu` tokens of a job that must have the GPU to itself."""
-    return GPU_TOKENS if runs_on_this_machine() else 1
+HOST_GPUS = _gpus.slots() if runs_on_this_machine() else []
+if HOST_GPUS and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", len(HOST_GPUS))
 
 
-def device_lock_env() -> str:
-    """The capture's device lock (one per host and working directory), or nothing where each
-    job has its own allocation (a remote executor)."""
+def gpus_at_once() -> int:
+    """How many GPUs this invocation's jobs hold at once: the host's, or fewer with
+    `--resources gpu=N`."""
+    cap = workflow.global_resources["gpu"].value if "gpu" in workflow.global_resources else None
+    return max(1, min(len(HOST_GPUS), cap if isinstance(cap, int) else len(HOST_GPUS)))
+
+
+# The guard's GPU arguments (rules/profile.smk: GUARD): where the locks are (in Snakemake's
+# folder of the working directory, which every job, also one in the image, sees and writes;
+# not in the results, which hold results only) and the GPUs to take them from.
+GPU_LOCKS = _gpus.lock_folder(Path("."), socket.gethostname())
+GUARD_GPU_ARGS = (
+    f" --gpu-locks {shlex.quote(str(GPU_LOCKS))} --host-gpus {shlex.quote(','.join(HOST_GPUS))}"
+    if HOST_GPUS else ""
+)
+
+
+def job_gpus(wildcards) -> int:
+    """The GPUs a job takes: a distributed run's (or an all-reduce sweep's) ranks, else 1."""
+    if "ranks" in wildcards.keys():
+        return int(wildcards.ranks)
+    return PLAN.distributed.get(wildcards.get("run"), 1)
+
+
+def timing_threads():
+    """The cores of an untraced timing job: its GPUs' share of this invocation's (--cores
+    divided among the GPUs held at once). With one GPU that is every core: the timing job
+    runs alone, with no analysis job or capture export beside it taking the CPU that runs the
+    workload (on a CPU device) or launches its kernels (a launch-bound GPU step). On a 2-core
+    CPU machine, one busy process beside a 2-thread attention step took its slowest steps
+    from 0.5 to 4-32 ms. With several GPUs, one timing job per GPU runs side by side, each
+    with its share. Remote executors (Slurm) give each job its own allocation: one thread
+    there, both where the job is submitted and in its job step (which has `--cores all` of a
+    node whose CPUs the allocation does not hold)."""
     if not runs_on_this_machine():
-        return ""
-    # in Snakemake's own folder of the working directory, which every job (also one in the
-    # image) sees and writes: not in the results, which hold results only
-    return f"PROFBENCH_DEVICE_LOCK=.snakemake/profbench/gpu-{socket.gethostname()}.lock"
+        return 1
+    share = max(1, workflow.cores // gpus_at_once())
 
+    def threads(wildcards) -> int:
+        return min(workflow.cores, share * job_gpus(wildcards))
 
-def timing_threads() -> int:
-    """Every core of this invocation (--cores): an untraced timing job then runs alone, with
-    no analysis job or capture export beside it taking the CPU that runs the workload (on a
-    CPU device) or launches its kernels (a launch-bound GPU step). On a 2-core CPU machine,
-    one busy process beside a 2-thread attention step took its slowest steps from 0.5 to
-    4-32 ms. Remote executors (Slurm) give each job its own allocation: one thread there,
-    both where the job is submitted and in its job step (which has `--cores all` of a node
-    whose CPUs the allocation does not hold)."""
-    return workflow.cores if runs_on_this_machine() else 1
+    return threads
 
 
 # The workload's environment, part of the guard's command line (rules/profile.smk: GUARD), so
 # every GPU job has it:
-# - one CPU thread in its capture and in its timing twin (which holds every core, see
-#   timing_threads): the same CPU-side work in both, whatever --cores is;
+# - one CPU thread in its capture and in its timing twin (which holds its GPU's share of the
+#   cores, see timing_threads): the same CPU-side work in both, whatever --cores is;
 # - no pre-started Inductor compile-worker pool (TORCH_WARM_POOL=0): torch starts one when the
 #   Inductor backend is first used (torch 2.11 already when Inductor is imported), also when
 #   every graph then comes from the cache, and the job waits for it at exit (13-15 s per
@@ -313,8 +342,23 @@ def name_fork_servers():
 
 def stop_fork_servers():
     name = os.environ.pop(_forkserver.ENV_NAME, None)
-    if name:
-        _forkserver.stop(name, REPEATS or [0])
+    if name:  # each GPU's servers (pipeline/gpus.py: FORK_SLOTS_PER_GPU)
+        _forkserver.stop(name, [slot + _gpus.FORK_SLOTS_PER_GPU * gpu
+                                for gpu in range(len(HOST_GPUS) or 1) for slot in REPEATS or [0]])
+
+
+def say_gpus():
+    """Which GPUs the jobs take, and a cap above the host's, in Snakemake's output."""
+    if not HOST_GPUS:
+        return
+    cap = workflow.global_resources["gpu"].value
+    which = ("one slot, the CPU (no GPU found)" if HOST_GPUS == [_gpus.CPU]
+             else f"{len(HOST_GPUS)} GPU(s): {', '.join(HOST_GPUS)}")
+    print(f"profbench: GPU jobs take whole GPUs of {which}; at most {cap} at once",
+          file=sys.stderr)
+    if isinstance(cap, int) and cap > len(HOST_GPUS):
+        print(f"profbench: --resources gpu={cap} is more than this host has: the jobs beyond "
+              f"{len(HOST_GPUS)} wait for a free GPU", file=sys.stderr)
 
 
 onstart:
@@ -323,6 +367,7 @@ onstart:
     except _checks.CheckError as e:
         raise _check_error(e) from None
     name_fork_servers()
+    say_gpus()
     # Every job's imports from bytecode where the install keeps none (pipeline/bytecode.py;
     # the guard does the same for each GPU job, this covers the statistics and report jobs).
     bytecode_note = _bytecode.keep_jobs_bytecode(os.environ, USE_CONTAINER)

@@ -14,8 +14,9 @@ CAPTURE_ARGS = {
     "none": "",
 }
 # Every GPU job starts its workload through the guard, in WORKLOAD_ENV (one CPU thread, no
-# pre-started compile pool: rules/common.smk).
-GUARD = f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}"
+# pre-started compile pool: rules/common.smk), on whole GPUs the guard takes for it where the
+# jobs run on this machine (GUARD_GPU_ARGS: one, or a distributed command's ranks).
+GUARD = f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{GUARD_GPU_ARGS}"
 
 
 localrules:
@@ -60,7 +61,7 @@ rule calibrate:
         guard=GUARD,
         python=PYTHON,
     resources:
-        gpu=whole_gpu(),
+        gpu=1,  # one whole GPU (rules/common.smk)
         mem_mb=gpu_job_mem_mb,
         runtime=gpu_job_runtime,
     container:
@@ -89,10 +90,11 @@ rule time_run:
         repeats=len(REPEATS),
         # each repeat's record: the guard puts the repeat's index in place of {repeat}
         out=lambda wc: f"{RESULTS}/{wc.run}/timing/r{{repeat}}.json",
-    # all of --cores: nothing else runs beside a timing job (timing_threads says why)
+    # its GPU's share of --cores (all of them with one GPU): nothing else runs beside a timing
+    # job on its CPU share (timing_threads says why), nothing at all on its GPU
     threads: timing_threads()
     resources:
-        gpu=whole_gpu(),
+        gpu=1,
         mem_mb=gpu_job_mem_mb,
         runtime=timing_job_runtime,
     container:
@@ -102,8 +104,8 @@ rule time_run:
         # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). The
         # guard runs the repeats one after another, each its own process: with `launcher:
         # fork`, repeat i is forked by fork server i (rules/common.smk), so the repeats of one
-        # run come from different interpreters. A repeat that ends oom, unsupported or
-        # timeout ends the run (the later ones are `skipped` records).
+        # run come from different interpreters (each GPU has its own servers). A repeat that
+        # ends oom, unsupported or timeout ends the run (the later ones are `skipped` records).
         "{params.guard} --run {wildcards.run} --repeats {params.repeats}"
         " --fork-slot '{{repeat}}' --out {params.out} --"
         " {params.python} -m workloads {params.workload} --out {params.out} > {log} 2>&1"
@@ -140,9 +142,8 @@ rule profile:
         stats="true" if config["nsys"]["console_stats"] else "false",
         prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
         torch_trace=torch_trace_env,
-        device_lock=device_lock_env(),
     resources:
-        gpu=1,  # one of the GPU's tokens: a second capture may start beside it
+        gpu=1,  # one whole GPU, as every one-GPU job: never beside another job's work
         mem_mb=gpu_job_mem_mb,
         runtime=gpu_job_runtime,
     container:
@@ -157,10 +158,11 @@ rule profile:
         # leaves empty capture files: its times.json status says why, and run_stats never
         # reads them. A compiled run's process writes its TORCH_TRACE (params.torch_trace).
         # PROFBENCH_CAPTURE=1: the workload is captured (a model workload adds module ranges).
+        # --device-lock: its GPU's device lock, taken before the first CUDA call.
         "mkdir -p {output.trace};"
-        " {params.guard} --run {wildcards.run} --out {output.times}"
+        " {params.guard} --run {wildcards.run} --out {output.times} --device-lock"
         " --expect {output.sqlite} {output.rep} --"
-        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 PROFBENCH_CAPTURE=1 {params.device_lock} {params.torch_trace}"
+        " env NSYS_NVTX_PROFILER_REGISTER_ONLY=0 PROFBENCH_CAPTURE=1 {params.torch_trace}"
         " {params.nsys} profile"
         " --trace={params.trace} --sample=none --cpuctxsw=none --cuda-graph-trace=node"
         " {params.capture}"

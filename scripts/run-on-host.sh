@@ -15,7 +15,8 @@
 #                as results.tgz, with the compile cache as inductor.tgz (default: $OUT if set,
 #                else no archive). RESUME_DIR (default ./resume) holding such archives is
 #                unpacked first: only what is missing is run (docs/reliability.md).
-#   CORES        Snakemake's --cores (default 4).
+#   CORES        Snakemake's --cores (default 4 per GPU, at most the machine's cores, at
+#                least 4).
 set -u
 cd "$(dirname "$0")/.."
 configfile=${1:-config.yaml}; limit=${2:-0}; shift $(( $# < 2 ? $# : 2 )); extra=("$@")
@@ -88,13 +89,17 @@ save_results() {
   done
 }
 ( while sleep 60; do save_results; done ) & saver=$!
-# The GPU is 2 tokens (profiles/default): a timing job takes both, a capture one (two captures
-# overlap their start-ups; their GPU work takes turns). A failed run is already a result row;
-# --keep-going lets an unexpected job failure cost only its own outputs. At the time limit,
-# SIGINT: Snakemake stops its jobs and marks nothing complete.
+# `gpu` counts whole GPUs: every GPU of this host, each GPU job on GPUs of its own (one-GPU
+# jobs side by side; pipeline/gpus.py), 4 cores per GPU for the timing jobs and the analysis
+# beside them. A failed run is already a result row; --keep-going lets an unexpected job
+# failure cost only its own outputs. At the time limit, SIGINT: Snakemake stops its jobs and
+# marks nothing complete.
+gpus=$(python3 -m pipeline.gpus count) || exit 1
+cores=$(( 4 * gpus < $(nproc) ? 4 * gpus : $(nproc) )); cores=$(( cores < 4 ? 4 : cores ))
+echo "GPUs: $gpus (--resources gpu=$gpus), --cores ${CORES:-$cores}"
 timeout_cmd=(); [ "$limit" -gt 0 ] && timeout_cmd=(timeout -s INT -k 20 "$limit")
-"${timeout_cmd[@]}" python3 -m snakemake --cores "${CORES:-4}" --resources gpu=2 --keep-going \
-  "${configs[@]}" "${extra[@]}" >> "$log" 2>&1
+"${timeout_cmd[@]}" python3 -m snakemake --cores "${CORES:-$cores}" --resources gpu="$gpus" \
+  --keep-going "${configs[@]}" "${extra[@]}" >> "$log" 2>&1
 rc=$?
 echo "snakemake rc=$rc after $(( $(date +%s) - start )) s"
 grep -E "Error|steps \(|Nothing to be done|of .* steps" "$log" | tail -15

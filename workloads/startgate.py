@@ -72,10 +72,10 @@ def pass_gate(device: Any, process: dict[str, Any]) -> float | None:
 
 
 # --- the device lock: captures side by side -------------------------------------------------
-# Two captures may run at once (rules: a capture takes one of the GPU's two tokens): the
-# second starts (Snakemake's job start, nsys, the interpreter and its imports) while the first
-# measures, then waits here, before its first CUDA call, until the first process has exited.
-ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # a lock file, one per host and working folder
+# A capture holds its GPU's lock (one file per GPU the guard assigned, pipeline/gpus.py) from
+# before its first CUDA call until it exits, and first waits for what an earlier process left
+# on the GPU to be released.
+ENV_DEVICE_LOCK = "PROFBENCH_DEVICE_LOCK"  # the lock file of the GPU the guard assigned
 # The GPU counts as vacated when at most this much of its memory is held by anything but the
 # new process (a context being torn down, a desktop): the lock's holder is gone by then.
 VACATED_SLACK_BYTES = 2 << 30
