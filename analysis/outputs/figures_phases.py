@@ -1,6 +1,7 @@
 """Where a step's time goes: per run, the training phases (NVTX ranges of workloads/steps.py)
 as shares of the step with the step's total beside them, the sublayers and the steps inside
-attention, and each layer's time, all in the same rows.
+attention, each layer's time, and a model workload's top modules (its module table,
+analysis/metrics/modules.py) forward and backward, all in the same rows.
 
 GPU time per phase where the run launched GPU work; on a CPU (no GPU activity in the
 capture) the CPU time inside the same NVTX ranges, labelled as such.
@@ -16,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from analysis.metrics.modules import outermost
 from analysis.outputs import style
 from analysis.outputs.figure_data import STEP_RANGE, num, run_names, stats_tables
 
@@ -26,6 +28,9 @@ SUBLAYER_BASIS = "basis"  # column of phase_frame's sublayer frame: how the rows
 CLOCK = "clock"  # column of phase_times' frame: "GPU", or "CPU" where no GPU work ran
 LAYER_ROW = r"^layer_(\d+)$"  # phase_gpu_time.csv's layer rows (workloads/gpt.py names them)
 TABLE = "phase_gpu_time.csv"
+MODULE_TABLE = "module_table.csv"  # a model workload's (analysis/metrics/modules.py)
+TOP_MODULES = 3  # module groups per run in the modules panel, one bar under another
+MODULE_ROW_IN = 0.45  # a run's row when it holds that many bars
 _OUTSIDE = "(step, outside phases)"
 
 
@@ -115,6 +120,54 @@ def _layer_frame(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return frame[[*numbered, SUBLAYER_BASIS]] if layers else frame
 
 
+def module_frame(results: Path, runs: list[str]) -> dict[str, list[tuple[str, float, float]]]:
+    """run -> its top module groups: (label, forward share, backward share of the step)."""
+    return _module_groups(stats_tables(results, runs, TABLE),
+                          stats_tables(results, runs, MODULE_TABLE))
+
+
+def _module_groups(phase_tables: dict[str, pd.DataFrame], module_tables: dict[str, pd.DataFrame]
+                   ) -> dict[str, list[tuple[str, float, float]]]:
+    out = {}
+    for run, table, clock in _clocked(phase_tables):
+        modules = module_tables.get(run)
+        step = _ms(table, clock).get(STEP_RANGE)
+        if modules is None or "Module" not in modules or pd.isna(step) or not step > 0:
+            continue
+        # a group under half a percent of the step would read "0%": nothing to see
+        groups = [(name, fwd / step, bwd / step) for name, fwd, bwd in top_modules(
+            modules, clock) if (fwd + bwd) / step >= 0.005]
+        if groups:
+            out[run] = groups
+    return out
+
+
+def top_modules(table: pd.DataFrame, clock: str, n: int = TOP_MODULES
+                ) -> list[tuple[str, float, float]]:
+    """(label, forward ms, backward ms per step) of the module table's ``n`` largest groups:
+    all the structure's layers summed ("12 layers"), and each outermost module outside them.
+    A module that holds layers (a ModuleList, HF's ``transformer``) is left out, its time
+    being theirs; a module shared into the layers (a RoPE table registered at the top)
+    stands on its own: the groups are not stacked, they may overlap."""
+    paths = table["Module"].astype(str)
+    layer = table["Layer"].fillna("").astype(str) if "Layer" in table else paths.map(
+        lambda _: "")
+    fwd = num(table, f"Forward {clock} ms/step").fillna(0).to_numpy()
+    bwd = num(table, f"Backward {clock} ms/step").fillna(0).to_numpy()
+    is_layer = ((layer == paths) & (layer != "")).to_numpy()
+    groups = []
+    if is_layer.any():
+        count = int(is_layer.sum())
+        name = f"{count} layers" if count > 1 else str(paths[is_layer].iloc[0])
+        groups.append((name, float(fwd[is_layer].sum()), float(bwd[is_layer].sum())))
+    holders = {".".join(p.split(".")[:i]) for p in paths[is_layer]
+               for i in range(1, p.count(".") + 1)}
+    outside = [p for p, lay in zip(paths, layer, strict=True) if not lay and p not in holders]
+    row = {p: i for i, p in enumerate(paths)}
+    groups += [(p, float(fwd[row[p]]), float(bwd[row[p]])) for p in outermost(outside)]
+    return sorted(groups, key=lambda g: g[1] + g[2], reverse=True)[:n]
+
+
 def _sublayer_basis(table: pd.DataFrame) -> str:
     """How a run's sublayer rows were attributed: NVTX ranges see forward launches only;
     compiled code is placed by provenance, forward and backward."""
@@ -148,9 +201,12 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
     parts = parts.loc[[r for r in phases.index if r in parts.index]]
     layers = _layer_frame(tables)
     layers = layers.loc[[r for r in phases.index if r in layers.index]]
+    runs = list(phases.index)
+    modules = _module_groups(tables, stats_tables(results, runs, MODULE_TABLE))
     title, share_of = _title(set(phases[CLOCK]))
-    widths = [4.0] + [3.0] * ((not parts.empty) + (not layers.empty))
-    fig, axes = style.figure(1, len(widths), height=1.9 + style.ROW_IN * len(phases),
+    widths = [4.0] + [3.0] * ((not parts.empty) + (not layers.empty) + bool(modules))
+    row_in = MODULE_ROW_IN if modules else style.ROW_IN
+    fig, axes = style.figure(1, len(widths), height=1.9 + row_in * len(phases),
                              sharey=True, gridspec_kw={"width_ratios": widths})  # fmt: skip
     handles = _phase_panel(axes[0, 0], phases, share_of)
     column = 1
@@ -159,6 +215,9 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
         column += 1
     if not layers.empty:
         _layer_panel(axes[0, column], phases, layers)
+        column += 1
+    if modules:
+        _module_panel(axes[0, column], phases.index, modules, share_of)
     style.legend_above(fig, handles, title)
     return fig
 
@@ -245,4 +304,30 @@ def _layer_panel(ax: object, phases: pd.DataFrame, layers: pd.DataFrame) -> None
     ax.tick_params(axis="x", labelsize=7.5)
     ax.tick_params(axis="y", left=False)
     ax.set_title("each layer (n at right)\ndot colour: first → last", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _module_panel(ax: object, rows: pd.Index, modules: dict[str, list[tuple[str, float, float]]],
+                  share_of: str) -> None:
+    """Per run, its top module groups one bar under another, largest first: forward then
+    backward (the phases' colours), as % of the step; name and share at the bar's end."""
+    position = {run: i for i, run in enumerate(rows)}
+    pitch = 0.84 / TOP_MODULES
+    widest = 0.0
+    for run, groups in modules.items():
+        for k, (name, fwd, bwd) in enumerate(groups):
+            y = position[run] - 0.42 + pitch * (k + 0.5)
+            for left, width, phase in ((0.0, fwd, "forward"), (fwd, bwd, "backward")):
+                ax.barh(y, width * 100, left=left * 100, height=pitch * 0.8,
+                        color=style.PHASE_COLORS[phase])  # fmt: skip
+            ax.annotate(f"{style.short_label(name, 24)} {style.fmt_pct(fwd + bwd)}",
+                        ((fwd + bwd) * 100, y), xytext=(2, 0), textcoords="offset points",
+                        va="center", fontsize=6, color="#555555")  # fmt: skip
+            widest = max(widest, (fwd + bwd) * 100)
+    ax.set_xlim(0, max(widest, 1.0) * 1.75)  # room for the names at the bars' ends
+    ax.set_xticks([t for t in ax.get_xticks() if 0 <= t <= 100])  # no share above the step
+    ax.set_xlabel(share_of, fontsize=8)
+    ax.tick_params(axis="x", labelsize=7.5)
+    ax.tick_params(axis="y", left=False)
+    ax.set_title(f"top {TOP_MODULES} modules (module table)\nforward | backward", fontsize=9)
     ax.grid(axis="x", alpha=0.3)

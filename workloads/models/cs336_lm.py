@@ -178,4 +178,5 @@ def make(d_model: int = 768, d_ff: int = 3072, num_layers: int = 12, num_heads: 
         loss=loss,
         structure=Structure(layers="layers.*", sublayers="attn|ffn|ln1|ln2"),
         items_per_sample=context_length,
+        constant_buffers=True,  # the RoPE tables: DDP need not broadcast them every step
     )

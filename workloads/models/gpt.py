@@ -55,6 +55,16 @@ class Options:
     reshard_after_forward: bool = field(default=True, metadata={
         "help": "FSDP: true/false: free the gathered parameters after forward (true, ZeRO-3) "
                 "or keep them for backward (false)"})
+    comm: Literal["on", "skip"] = field(default="on", metadata={
+        "help": "DDP/FSDP: skip = every collective replaced by its local result, no "
+                "communication and the same compute: the synchronized run's step minus this "
+                "one is the untraced cost of communication (docs/distributed.md)"})
+    straggle_ms: float = field(default=0.0, metadata={
+        "help": "test knob, DDP/FSDP: rank straggle_rank sleeps this long at the start of "
+                "every warm-up and measured step, so the others wait for it in the step's "
+                "first collective (0: off)", "minimum": 0})
+    straggle_rank: int = field(default=0, metadata={
+        "help": "the rank straggle_ms slows", "minimum": 0})
     compile_blocks: Literal["each", "once", "regional"] = field(default="each", metadata={
         "help": "with compile: each = every layer traced into one flat graph; once = the "
                 "block is one nested compile region, compiled once for every layer; "
@@ -71,6 +81,18 @@ def build(options: Options, run: Any) -> Any:
                      vocab=options.vocab, mode=options.mode, dtype=run.dtype,
                      attention=options.attention, device=run.device, seed=run.seed,
                      speed=run.speed, wrap=run.wrap)
+
+
+def check(options: Options) -> tuple[str, str] | None:
+    """The distributed knobs need a distributed run, and the straggler a rank it has."""
+    if options.parallel == "none":
+        for key, off in (("comm", "on"), ("straggle_ms", 0)):
+            if getattr(options, key) != off:
+                return key, f"{key} is a setting of DDP/FSDP runs: set parallel: ddp or fsdp"
+    elif options.straggle_ms > 0 and options.straggle_rank >= options.gpus:
+        return "straggle_rank", (f"rank {options.straggle_rank} does not exist in a run of "
+                                 f"{options.gpus} ranks")
+    return None
 
 
 def needs(options: Options) -> tuple[float, float]:

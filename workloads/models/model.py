@@ -5,11 +5,12 @@
                batch: 32, mode: train, dtype: bf16}
 
 The factory returns the model, a batch maker and a loss (workloads/models/parts.py);
-profbench owns the step around them, so dtype, torch.compile, ``cuda_graph: step``, the AdamW
-variants, the SDPA backend and ``ops`` apply as to the built-in GPT. Each module down to
-``module_depth`` gets an NVTX range in forward and in backward (workloads/module_ranges.py);
-the analysis turns them into the run's module table. FLOPs come from PyTorch's
-FlopCounterMode on one step before the warm-up.
+profbench owns the step around them, so dtype, torch.compile (``compile_blocks`` over the
+structure's layers), ``cuda_graph: step``, the AdamW variants, the SDPA backend, ``ops`` and
+DDP/FSDP (``parallel``, train only; FSDP shards each layer, then the root) apply as to the
+built-in GPT. Each module down to ``module_depth`` gets an NVTX range in forward and in
+backward (workloads/module_ranges.py); the analysis turns them into the run's module table.
+FLOPs come from PyTorch's FlopCounterMode on one step before the warm-up.
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from workloads.models import gpt
+
 # What a job of a model reserves on a cluster unless the run says (host MB, minutes).
 DEFAULT_NEEDS = (16000, 20)
+
+
+def _as_gpt(name: str) -> Any:
+    """The GPT's option ``name`` (default and help): the distributed step is the same."""
+    option = gpt.Options.__dataclass_fields__[name]
+    return field(default=option.default, metadata=option.metadata)
 
 
 @dataclass
@@ -52,9 +61,15 @@ class Options:
     sublayers: str = field(default="", metadata={
         "help": "'|'-separated globs of a layer's parts by their last name (e.g. "
                 "'attn|ffn|ln*'); default: the factory's structure"})
-    compile_blocks: Literal["each", "regional"] = field(default="each", metadata={
-        "help": "with compile: each = the whole model in one compiled graph; regional = each "
-                "layer (the structure's) compiled on its own, the rest eager"})
+    compile_blocks: Literal["each", "once", "regional"] = field(default="each", metadata={
+        "help": "with compile: each = the whole model in one compiled graph; once = the "
+                "layers' forward is one nested compile region, compiled in the first layer and "
+                "reused by the others (the structure's layers, all of one class); regional = "
+                "each layer compiled on its own, the rest eager"})
+    parallel: Literal["none", "ddp", "fsdp"] = _as_gpt("parallel")
+    gpus: int = _as_gpt("gpus")
+    bucket_cap_mb: float = _as_gpt("bucket_cap_mb")
+    reshard_after_forward: bool = _as_gpt("reshard_after_forward")
 
 
 def needs(options: Options) -> tuple[float, float]:
@@ -112,3 +127,30 @@ def build(options: Options, run: Any) -> Any:
     from workloads.steps import build_model_step
 
     return build_model_step(options, run, load_factory(options.factory))
+
+
+def compile_once(layers: list[Any]) -> None:
+    """Make the layers' forward one nested compile region (``compile_blocks: once``):
+    torch.compile traces and compiles it in the first layer and reuses that code in every
+    other one, forward and backward, as the GPT's ``BlockCompiledOnce``. Each layer becomes
+    an instance of one subclass of its class whose forward is the marked region, so the
+    region is one function for all of them. Eager, nothing changes."""
+    import torch
+
+    from workloads.status import Unsupported
+
+    if not layers:
+        raise ValueError("compile_blocks once needs layers: set `layers` or return a "
+                         "structure from the factory")
+    classes = sorted({type(layer) for layer in layers}, key=lambda c: c.__qualname__)
+    if len(classes) > 1:
+        names = ", ".join(c.__qualname__ for c in classes)
+        raise Unsupported(f"compile_blocks once compiles one layer for all: the layers are "
+                          f"of {len(classes)} classes ({names}); use compile_blocks each or "
+                          "regional, or name layers of one class in `layers`")
+    cls = classes[0]
+    region = type(f"{cls.__name__}CompiledOnce", (cls,), {
+        "forward": torch.compiler.nested_compile_region(cls.forward),
+        "__module__": cls.__module__})
+    for layer in layers:
+        layer.__class__ = region

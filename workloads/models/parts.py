@@ -10,6 +10,10 @@ It returns a :class:`ModelParts`, or the tuple ``(model, make_batch, loss)``:
 * ``make_batch(batch_size, device)``: ``(inputs, targets)``; ``inputs`` is a tensor (called as
   ``model(inputs)``), a tuple (``model(*inputs)``) or a dict (``model(**inputs)``);
 * ``loss(output, targets)``: a scalar tensor, or ``None`` for a forward-only model.
+
+A :class:`ModelParts` may add the model's ``structure`` (its layers and sublayers), what one
+sample counts for in the throughput (``items_per_sample``) and whether its buffers are
+constant (``constant_buffers``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,11 @@ class Structure:
                 return part
         return None
 
+    def layer_modules(self, model: nn.Module) -> list[nn.Module]:
+        """The model's layers (the outermost paths matching ``layers``), in
+        ``named_modules()`` order."""
+        return [module for path, module in model.named_modules() if self.is_layer(path)]
+
 
 @dataclass
 class ModelParts:
@@ -76,6 +85,9 @@ class ModelParts:
     structure: Structure | None = None
     # what one batch element counts for in the throughput column (tokens of a language model)
     items_per_sample: int = 1
+    # True when no forward changes a buffer (RoPE tables do not; BatchNorm's running
+    # statistics do): DDP then skips broadcasting rank 0's buffers before each forward
+    constant_buffers: bool = False
 
 
 def _matches(name: str, globs: str) -> bool:
