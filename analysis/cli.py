@@ -205,7 +205,8 @@ def run_ranks(args: argparse.Namespace) -> int:
 
     metrics = write_rank_analysis(args.exports, args.times, args.output)
     print(f"{len(args.exports)} ranks: {metrics.get('status')}, exposed communication "
-          f"{metrics.get('exposed_comm_ms')} ms/step, overlap {metrics.get('overlap')}")
+          f"{metrics.get('exposed_comm_ms')} ms/step, overlap {metrics.get('overlap')}, "
+          f"latest rank {metrics.get('straggler_rank')} by {metrics.get('straggler_ms')} ms")
     return 0
 
 

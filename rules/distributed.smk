@@ -69,7 +69,7 @@ for _n in RANK_COUNTS:
             python=PYTHON,
         threads: timing_threads()
         resources:
-            gpu=max(_n, whole_gpu()),  # on this machine: every token
+            gpu=_n,  # a whole GPU per rank (rules/common.smk)
             nodes=1,
             mem_mb=gpu_job_mem_mb,
             runtime=gpu_job_runtime,
@@ -122,7 +122,7 @@ for _n in RANK_COUNTS:
             prefix=lambda wc, output: output.sqlite.removesuffix(".sqlite"),
             torch_trace=torch_trace_env,
         resources:
-            gpu=max(_n, whole_gpu()),  # on this machine: every token
+            gpu=_n,  # a whole GPU per rank (rules/common.smk)
             nodes=1,
             mem_mb=gpu_job_mem_mb,
             runtime=gpu_job_runtime,
@@ -230,7 +230,7 @@ rule calibrate_allreduce:
         ),
     threads: timing_threads()
     resources:
-        gpu=lambda wc: max(int(wc.ranks), whole_gpu()),
+        gpu=lambda wc: int(wc.ranks),  # a whole GPU per rank
         nodes=1,
         mem_mb=gpu_job_mem_mb,
         runtime=gpu_job_runtime,

@@ -2,15 +2,20 @@
 FSDP2), one nsys capture per rank, through the whole pipeline (tests/distributed.yaml); the
 cross-rank numbers checked against an independent computation from the same exports, one
 rank's tables against `nsys stats`, the all-reduce sweep, and a run with more ranks than the
-machine has becoming an `unsupported` row."""
+machine has becoming an `unsupported` row. A straggler of known size (the straggle_ms knob)
+found untraced and in the capture, the no-communication twins (comm: skip), captures flagged
+when their step is off the untraced one (also on the H200 pair's published results), and 8
+gloo ranks through the workload and the analysis."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,27 +25,77 @@ import yaml
 from analysis_fixtures import compare_report
 from conftest import REPO, snakemake
 
+from analysis.metrics.ranks import STEP_COLUMNS
+from analysis.outputs import style
 from analysis.outputs.comm_findings import (
     BUSBW_RATIO,
     COMM_RULES,
     EXPOSED_COMM_SHARE,
     SCALING_EFFICIENCY,
     STRAGGLER_SHARE,
+    capture_caveat,
 )
+from analysis.outputs.distributed import CAPTURE_TOLERANCE, distributed_table
+from analysis.outputs.figures import plot_rank_timeline
 from analysis.outputs.findings import Context
+from analysis.outputs.ranks import across_ranks, lateness, write_rank_analysis
 from analysis.reports import REPORTS
+from pipeline.config import ConfigError, resolve
 
 pytestmark = pytest.mark.slow
 
 CONFIG = REPO / "tests" / "distributed.yaml"
 SETTINGS = yaml.safe_load(CONFIG.read_text())
-CAPTURED = ["gpt_tiny_ddp2", "gpt_tiny_fsdp2"]  # 2 ranks, one capture each
-STEPS = SETTINGS["defaults"]["steps"]
+STRAGGLER = "gpt_tiny_ddp2_straggler"  # rank straggle_rank starts each step straggle_ms late
+KNOB = SETTINGS["runs"][STRAGGLER]
+CAPTURED = [STRAGGLER, "gpt_tiny_fsdp2"]  # DDP and FSDP2, 2 ranks, one capture each
 RANKS = 2
+TWINS = {"gpt_tiny_ddp2": "gpt_tiny_ddp2_nosync", "gpt_tiny_fsdp2": "gpt_tiny_fsdp2_nosync"}
+DISTORTION = "tracer's own distortion"  # what a finding from a distorted capture says
+EIGHT = 8  # ranks of the run that checks nothing assumes at most 4
+EIGHT_KNOB = {"straggle_ms": 250, "straggle_rank": 6}
+
+
+def steps_of(run: str) -> int:
+    """The run's measured steps (its own, else the config's default)."""
+    return SETTINGS["runs"][run].get("steps", SETTINGS["defaults"]["steps"])
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
+def eight_ranks_started(tmp_path_factory: pytest.TempPathFactory, nsys: str
+                        ) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """The tiny GPT's DDP step as 8 gloo ranks, one nsys capture each, as the profile rule
+    runs them (under the guard, operator ranges on), rank 6 a straggler; torchrun without the
+    launcher, whose check keeps a run to one core per gloo rank (this machine has fewer).
+    Started before the pipeline and run beside it: the pipeline's jobs take turns on its one
+    device slot and leave the cores idle about half of its time."""
+    run = tmp_path_factory.mktemp("eight") / "gpt_tiny_ddp8"
+    run.mkdir()
+    workload = [sys.executable, "-m", "workloads", "gpt", "--size", "tiny", "--mode", "train",
+                "--context", "16", "--batch", "1", "--vocab", "256", "--warmup", "2",
+                "--steps", "3", "--device", "cpu", "--parallel", "ddp", "--gpus", str(EIGHT),
+                *(f"--{k}={v}" for k, v in EIGHT_KNOB.items()), "--out", str(run / "times.json")]
+    capture = [nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none",
+               "--capture-range=nvtx", "--nvtx-capture=profiled_region",
+               "--capture-range-end=stop", "--export=sqlite", "--force-overwrite=true",
+               "-o", f"{run}/profile.rank%q{{RANK}}"]
+    exports = [run / f"profile.rank{r}.sqlite" for r in range(EIGHT)]
+    cmd = [sys.executable, "-m", "pipeline.guard", "--out", str(run / "times.json"),
+           "--expect", *map(str, exports), "--", sys.executable, "-m", "torch.distributed.run",
+           "--standalone", "--nnodes", "1", "--nproc-per-node", str(EIGHT), "--no-python",
+           "env", "OMP_NUM_THREADS=1", "PROFBENCH_OP_RANGES=1",
+           "NSYS_NVTX_PROFILER_REGISTER_ONLY=0", *capture, *workload]
+    with (run.parent / "launch.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    yield proc, run
+    if proc.poll() is None:  # a test stopped early: the guard stops every process below it
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, nsys: str,
+            eight_ranks_started: tuple[subprocess.Popen, Path]) -> Path:
     workdir = tmp_path_factory.mktemp("distributed")
     snakemake(workdir, "--cores", "2", "--configfile", str(CONFIG))
     return workdir / SETTINGS["results"]
@@ -53,7 +108,7 @@ def test_runs_succeed_with_every_rank_recorded(results: Path) -> None:
         assert times["distributed"]["world_size"] == RANKS
         assert times["distributed"]["backend"] == "gloo"
         assert times["distributed"]["comm_ranges"] is True
-        assert [len(s) for s in times["rank_step_ms"]] == [STEPS] * RANKS
+        assert [len(s) for s in times["rank_step_ms"]] == [steps_of(run)] * RANKS
         assert times["tokens_per_step"] == RANKS * times["tokens_per_step_per_rank"]
         timing = json.loads((results / run / "timing" / "r0.json").read_text())
         assert timing["status"] == "ok" and len(timing["rank_step_ms"]) == RANKS
@@ -62,7 +117,7 @@ def test_runs_succeed_with_every_rank_recorded(results: Path) -> None:
 def test_fsdp2_runs_on_gloo_with_its_collectives(results: Path) -> None:
     times = json.loads((results / "gpt_tiny_fsdp2" / "times.json").read_text())
     assert {c["op"] for c in times["collectives"]} == {"all_gather", "reduce_scatter"}
-    ddp = json.loads((results / "gpt_tiny_ddp2" / "times.json").read_text())
+    ddp = json.loads((results / STRAGGLER / "times.json").read_text())
     # one bucket of all fp32 gradients (the tiny model is under the 25 MB cap), once a step
     assert ddp["collectives"] == [{"op": "all_reduce", "bytes": 4 * ddp["params_count"],
                                    "per_step": 1.0}]
@@ -77,7 +132,7 @@ def test_one_capture_and_every_report_per_rank(results: Path) -> None:
             for report in REPORTS:
                 assert (stats / f"{report}.csv").stat().st_size > 0, (run, rank, report)
             nvtx = pd.read_csv(stats / "nvtx_sum.csv").set_index("Range")
-            assert nvtx.loc[":profiled_step", "Instances"] == STEPS
+            assert nvtx.loc[":profiled_step", "Instances"] == steps_of(run)
             assert json.loads((stats / "metrics.json").read_text())["nsys_version"]
 
 
@@ -86,12 +141,12 @@ def test_cross_rank_tables(results: Path) -> None:
         out = results / run / "distributed"
         rank_steps = pd.read_csv(out / "rank_steps.csv")
         assert sorted(zip(rank_steps["rank"], rank_steps["step"], strict=True)) == [
-            (r, s) for r in range(RANKS) for s in range(STEPS)]
+            (r, s) for r in range(RANKS) for s in range(steps_of(run))]
         parts = rank_steps["compute_ms"] + rank_steps["exposed_comm_ms"] + rank_steps["idle_ms"]
         assert (parts - rank_steps["step_ms"]).abs().max() < 1e-6  # they add up to the step
         assert (rank_steps["comm_ms"] > 0).all()
         steps = pd.read_csv(out / "steps.csv")
-        assert list(steps["step"]) == list(range(STEPS))
+        assert list(steps["step"]) == list(range(steps_of(run)))
         for _, row in steps.iterrows():
             mine = rank_steps[rank_steps["step"] == row["step"]].set_index("rank")["step_ms"]
             assert row["slowest_rank"] == mine.idxmax()
@@ -100,8 +155,7 @@ def test_cross_rank_tables(results: Path) -> None:
         assert metrics["world_size"] == RANKS and metrics["timeline_source"] == "nvtx"
     table = pd.read_csv(results / "distributed.csv").set_index("run")
     summary = pd.read_csv(results / "summary.csv").set_index("run")
-    for run in ["gpt_tiny_ddp2", "gpt_tiny_ddp2_bucket1mb", "gpt_tiny_fsdp2",
-                "gpt_tiny_fsdp2_keep"]:
+    for run in [*TWINS, *TWINS.values()]:
         row = table.loc[run]
         assert row["baseline_run"] == "gpt_tiny_1gpu"
         expected = summary.loc[run, "tokens_per_s"] / (
@@ -110,11 +164,11 @@ def test_cross_rank_tables(results: Path) -> None:
         timing = json.loads((results / run / "timing" / "r0.json").read_text())
         spreads = [max(s) - min(s) for s in zip(*timing["rank_step_ms"], strict=True)]
         assert row["step_spread_ms"] == pytest.approx(statistics.fmean(spreads))
-    ddp = table.loc["gpt_tiny_ddp2"]
-    metrics = json.loads((results / "gpt_tiny_ddp2" / "distributed" / "metrics.json").read_text())
+    ddp = table.loc[STRAGGLER]
+    metrics = json.loads((results / STRAGGLER / "distributed" / "metrics.json").read_text())
     assert ddp["exposed_comm_ms"] == pytest.approx(metrics["exposed_comm_ms"])
     assert ddp["allreduce_bytes"] == json.loads(
-        (results / "gpt_tiny_ddp2" / "times.json").read_text())["collectives"][0]["bytes"]
+        (results / STRAGGLER / "times.json").read_text())["collectives"][0]["bytes"]
     # the sweep's bus bandwidth at the same size, interpolated in log2(size)
     cal = json.loads((results / "calibration_allreduce_2ranks.json").read_text())
     expected = np.interp(np.log2(ddp["allreduce_bytes"]),
@@ -182,7 +236,7 @@ def test_exposed_communication_and_overlap_match_an_independent_sweep(results: P
         for rank in range(RANKS):
             events = _ranges(results / run / f"profile.rank{rank}.sqlite")
             steps = sorted((s, e) for n, s, e in events if n == "profiled_step")
-            assert len(steps) == STEPS
+            assert len(steps) == steps_of(run)
             ours = rank_steps[rank_steps["rank"] == rank].sort_values("step")
             for (lo, hi), (_, row) in zip(steps, ours.iterrows(), strict=True):
                 exposed, overlap = _exposed_and_overlap(events, lo, hi)
@@ -192,7 +246,7 @@ def test_exposed_communication_and_overlap_match_an_independent_sweep(results: P
 
 
 def test_one_rank_matches_nsys_stats(results: Path, nsys: str, tmp_path: Path) -> None:
-    export = results / "gpt_tiny_ddp2" / "profile.rank1.sqlite"
+    export = results / STRAGGLER / "profile.rank1.sqlite"
     ref = tmp_path / "nsys"
     subprocess.run([str(REPO / "scripts" / "nsys-stats-csvs.sh"), nsys, str(export), str(ref)],
                    check=True)
@@ -202,7 +256,7 @@ def test_one_rank_matches_nsys_stats(results: Path, nsys: str, tmp_path: Path) -
     problems = [p for r in REPORTS for p in compare_report(ours / f"{r}.csv", ref / f"{r}.csv", r)]
     assert not problems, "\n".join(problems)
     # and the pipeline's rank-1 tables are the same reports (nsys 2025's naming)
-    pipeline = results / "gpt_tiny_ddp2" / "stats" / "rank1"
+    pipeline = results / STRAGGLER / "stats" / "rank1"
     again = tmp_path / "again"
     subprocess.run([sys.executable, "-m", "analysis", "stats", str(export), "-o", str(again)],
                    check=True, cwd=REPO)
@@ -235,13 +289,15 @@ def test_comm_findings_follow_their_cells(results: Path) -> None:
              for rule in COMM_RULES for f in rule(ctx, str(run))}
     table = pd.read_csv(results / "distributed.csv").set_index("run")
     checks = {"exposed_communication": ("exposed_comm_share", lambda v: v > EXPOSED_COMM_SHARE),
-              "straggler_rank": ("compute_spread_share", lambda v: v > STRAGGLER_SHARE),
+              "straggler_rank": ("straggler_share", lambda v: v > STRAGGLER_SHARE),
               "slow_collectives": ("busbw_vs_calibrated", lambda v: v < BUSBW_RATIO),
               "poor_scaling": ("scaling_efficiency", lambda v: v < SCALING_EFFICIENCY)}
     for run, row in table.iterrows():
         for rule, (column, fires) in checks.items():
             value = row[column]
-            assert ((rule, run) in found) == (pd.notna(value) and fires(value)), (rule, run)
+            # the no-communication twins are yardsticks: no finding
+            expected = pd.notna(value) and fires(value) and row["comm"] != "skip"
+            assert ((rule, run) in found) == expected, (rule, run)
             if (rule, run) in found:
                 f = found[(rule, run)]
                 assert f.source == "distributed.csv" and f.value_column == column
@@ -250,12 +306,200 @@ def test_comm_findings_follow_their_cells(results: Path) -> None:
     listed = pd.read_csv(results / "findings.csv")
     assert {(r.rule, r.run) for r in listed.itertuples() if r.source == "distributed.csv"} \
         == set(found)
-    variants = {"gpt_tiny_ddp2": "gpt_tiny_ddp2_bucket1mb",  # bucket_cap_mb
-                "gpt_tiny_fsdp2": "gpt_tiny_fsdp2_keep"}  # reshard_after_forward
-    for run, fix in variants.items():
-        exposed = found.get(("exposed_communication", run))
-        if exposed is not None:  # the variant that changes the fixing key is the measured fix
-            assert exposed.gain_run == fix and exposed.gain > 0
+
+
+# -- a straggler of known size: rank straggle_rank starts every step straggle_ms late ---------
+def _findings(results: Path) -> dict[tuple[str, str], object]:
+    ctx = Context(results, pd.read_csv(results / "summary.csv"))
+    return {(f.rule, f.run): f for run in ctx.summary["run"]
+            for rule in COMM_RULES for f in rule(ctx, str(run))}
+
+
+def test_the_injected_straggler_is_found_untraced_and_in_the_capture(results: Path) -> None:
+    knob_ms, knob_rank = KNOB["straggle_ms"], KNOB["straggle_rank"]
+    timing = json.loads((results / STRAGGLER / "timing" / "r0.json").read_text())
+    assert timing["distributed"]["straggler"] == {"rank": knob_rank, "ms": knob_ms}
+    arrivals = np.array(timing["rank_arrival_ms"])
+    assert arrivals.shape == (RANKS, KNOB["steps"])
+    # it slept before its first collective in every step: it cannot arrive sooner
+    assert (arrivals[knob_rank] >= knob_ms).all()
+    row = pd.read_csv(results / "distributed.csv").set_index("run").loc[STRAGGLER]
+    # untraced: the rank's arrival at its first collective minus the other's, median per step
+    assert row["untraced_straggler_rank"] == knob_rank
+    assert row["untraced_straggler_ms"] == pytest.approx(
+        np.median(arrivals[knob_rank] - arrivals[1 - knob_rank]))
+    assert row["untraced_straggler_ms"] == pytest.approx(knob_ms, rel=0.1)
+    # the capture: the other rank waits for it inside the collective, per step
+    rank_steps = pd.read_csv(results / STRAGGLER / "distributed" / "rank_steps.csv")
+    comm = rank_steps.pivot(index="step", columns="rank", values="comm_ms")
+    assert row["straggler_rank"] == knob_rank
+    assert row["straggler_ms"] == pytest.approx(
+        np.median(comm[1 - knob_rank] - comm[knob_rank]))
+    assert row["straggler_ms"] == pytest.approx(knob_ms, rel=0.1)
+    ranks = pd.read_csv(results / STRAGGLER / "distributed" / "ranks.csv").set_index("rank")
+    assert ranks["late_ms"].idxmax() == knob_rank
+    assert ranks.loc[knob_rank, "late_ms"] == pytest.approx(row["straggler_ms"])
+    steps = pd.read_csv(results / STRAGGLER / "distributed" / "steps.csv")
+    assert (steps["late_rank"] == knob_rank).all()
+    # the finding names it, untraced and from the capture
+    found = _findings(results)[("straggler_rank", STRAGGLER)]
+    assert f"rank {knob_rank} reaches the collectives" in found.title
+    assert f"untraced, rank {knob_rank} reaches its first collective" in found.title
+    assert found.value == pytest.approx(row["straggler_share"])
+    # without the knob: no straggler of that size, untraced (DDP) or in the capture (FSDP2)
+    table = pd.read_csv(results / "distributed.csv").set_index("run")
+    assert table.loc["gpt_tiny_ddp2", "untraced_straggler_ms"] < knob_ms / 4
+    assert table.loc["gpt_tiny_fsdp2", "straggler_ms"] < knob_ms / 4
+
+
+# -- the untraced cost of communication: each run beside its no-communication twin ----------
+def test_no_communication_twins_give_the_untraced_cost_of_communication(results: Path) -> None:
+    table = pd.read_csv(results / "distributed.csv").set_index("run")
+    summary = pd.read_csv(results / "summary.csv").set_index("run")
+    for run, twin in TWINS.items():
+        record = json.loads((results / twin / "timing" / "r0.json").read_text())
+        assert record["status"] == "ok", record["message"]
+        assert record["distributed"]["comm"] == "skip"
+        assert record["collectives"] == [] and record["rank_arrival_ms"] is None
+        row = table.loc[run]
+        assert row["nosync_run"] == twin and table.loc[twin, "comm"] == "skip"
+        assert pd.isna(table.loc[twin, "nosync_run"])
+        assert row["nosync_step_ms"] == pytest.approx(summary.loc[twin, "step_ms"])
+        assert row["untraced_comm_ms"] == pytest.approx(
+            summary.loc[run, "step_ms"] - summary.loc[twin, "step_ms"])
+        assert row["untraced_comm_share"] == pytest.approx(
+            row["untraced_comm_ms"] / summary.loc[run, "step_ms"])
+        if pd.notna(row["exposed_comm_ms"]):  # captured: the capture's side beside it
+            assert row["exposed_vs_untraced_comm"] == pytest.approx(
+                row["exposed_comm_ms"] / row["untraced_comm_ms"])
+    # DDP's twin is the same step without the wire: every rank trains on the same batch, so
+    # its own gradients are the average and the losses are those of the synchronized run
+    synced = json.loads((results / "gpt_tiny_ddp2" / "timing" / "r0.json").read_text())
+    alone = json.loads((results / "gpt_tiny_ddp2_nosync" / "timing" / "r0.json").read_text())
+    assert alone["losses"] == synced["losses"]
+
+
+
+@pytest.mark.parametrize(("run", "key", "problem"), [
+    ({"comm": "skip"}, "comm", "a setting of DDP/FSDP runs"),
+    ({"straggle_ms": 5}, "straggle_ms", "a setting of DDP/FSDP runs"),
+    ({"parallel": "ddp", "gpus": 2, "straggle_ms": 5, "straggle_rank": 2}, "straggle_rank",
+     "rank 2 does not exist in a run of 2 ranks"),
+])
+def test_the_knobs_need_a_distributed_run(run: dict, key: str, problem: str) -> None:
+    params = {"workload": "gpt", "size": "tiny", "mode": "train", **run}
+    with pytest.raises(ConfigError, match=rf"runs\.r\.{key}.*{problem}"):
+        resolve({"runs": {"r": params}})
+
+# -- a capture whose step is off the untraced one: flagged, and its findings say so ---------
+def _check_capture_flags(results: Path, table: pd.DataFrame) -> int:
+    """Every captured run's flag against its numbers, and the exposed-communication and
+    straggler findings of a flagged run saying so; returns the flagged runs."""
+    found = _findings(results)
+    flagged = 0
+    for run, row in table[table["capture_step_ms"].notna()].iterrows():
+        off = row["capture_step_ms"] / row["step_ms"] - 1
+        assert row["capture_vs_untraced"] == pytest.approx(off)
+        assert bool(row["capture_distorted"]) == (abs(off) > CAPTURE_TOLERANCE)
+        flagged += bool(row["capture_distorted"])
+        for rule in ("exposed_communication", "straggler_rank"):
+            if (rule, run) in found:
+                assert (DISTORTION in found[(rule, run)].title) == bool(row["capture_distorted"])
+    return flagged
+
+
+def test_captures_off_their_untraced_step_are_flagged(results: Path) -> None:
+    table = pd.read_csv(results / "distributed.csv").set_index("run")
+    _check_capture_flags(results, table)
+    assert capture_caveat({"capture_distorted": False, "capture_vs_untraced": 0.05}) == ""
+    assert DISTORTION in capture_caveat({"capture_distorted": True, "capture_vs_untraced": -0.2})
+
+
+H200X2_RESULTS = REPO / "published" / "h200x2" / "distributed"
+
+
+def test_h200_captures_are_flagged_and_their_stragglers_found(tmp_path: Path) -> None:
+    """The H200 pair's published results, each run's metrics.json made again from its own
+    rank_steps.csv by this analysis: the same means, the straggler from the tables, and every
+    capture 17-34% slower than its untraced step, flagged."""
+    results = tmp_path / "distributed"
+    shutil.copytree(H200X2_RESULTS, results, ignore=shutil.ignore_patterns("plots", "stats"))
+    for path in results.glob("*/distributed/metrics.json"):
+        published = json.loads(path.read_text())
+        rank_steps = pd.read_csv(path.with_name("rank_steps.csv"))
+        steps = {int(r): part[STEP_COLUMNS].to_dict("records")
+                 for r, part in rank_steps.groupby("rank")}
+        tables, metrics = across_ranks(steps, {}, published["timeline_source"])
+        for key in ("step_ms", "compute_ms", "exposed_comm_ms", "idle_ms", "overlap"):
+            assert metrics[key] == pytest.approx(published[key])
+        late = pd.Series({r["rank"]: r["late_ms"] for r in tables["ranks"]})
+        assert late.sum() == pytest.approx(0)  # 2 ranks: one's lateness is the other's lead
+        path.write_text(json.dumps({**published, **metrics}))
+    summary = pd.read_csv(results / "summary.csv")
+    table = distributed_table(results, summary)
+    table.to_csv(results / "distributed.csv", index=False)
+    table = table.set_index("run")
+    assert _check_capture_flags(results, table) == len(table) == 6
+    # the 2.7B DDP capture: 308 ms against 254 untraced; rank 0 gets to the all-reduces late
+    # (its capture idles most), rank 1 waits for it
+    ddp = table.loc["gpt_2.7B_ddp2"]
+    assert ddp["capture_vs_untraced"] == pytest.approx(308.095 / 253.890 - 1, abs=1e-3)
+    assert ddp["straggler_rank"] == 0
+    found = _findings(results)[("straggler_rank", "gpt_2.7B_ddp2")]
+    assert "rank 0 reaches the collectives" in found.title and DISTORTION in found.title
+
+
+# -- 8 ranks: nothing assumes at most 4 (the run: eight_ranks_started, at the top) ----------
+@pytest.fixture(scope="module")
+def eight_ranks(eight_ranks_started: tuple[subprocess.Popen, Path]) -> Path:
+    """The 8-rank run, finished, and its cross-rank analysis (the rank_analysis rule's)."""
+    proc, run = eight_ranks_started
+    assert proc.wait(timeout=600) == 0, (run.parent / "launch.log").read_text()[-4000:]
+    exports = [run / f"profile.rank{r}.sqlite" for r in range(EIGHT)]
+    write_rank_analysis(exports, run / "times.json", run / "distributed")
+    return run
+
+
+def test_eight_ranks_in_the_records_the_tables_and_the_figure(eight_ranks: Path) -> None:
+    record = json.loads((eight_ranks / "times.json").read_text())
+    assert record["status"] == "ok", record["message"]
+    assert record["distributed"]["world_size"] == EIGHT
+    assert [len(s) for s in record["rank_step_ms"]] == [3] * EIGHT
+    assert [len(a) for a in record["rank_arrival_ms"]] == [3] * EIGHT
+    assert record["tokens_per_step"] == EIGHT * record["tokens_per_step_per_rank"]
+    out = eight_ranks / "distributed"
+    rank_steps = pd.read_csv(out / "rank_steps.csv")
+    assert sorted(set(zip(rank_steps["rank"], rank_steps["step"], strict=True))) == [
+        (r, s) for r in range(EIGHT) for s in range(3)]
+    ranks = pd.read_csv(out / "ranks.csv")
+    assert list(ranks["rank"]) == list(range(EIGHT)) and (ranks["comm_ms"] > 0).all()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == EIGHT
+    # the all-reduce's bus bandwidth with 8 ranks' factor, 2(n-1)/n
+    collectives = pd.read_csv(out / "collectives.csv")
+    assert list(collectives["bus_factor"]) == [2 * (EIGHT - 1) / EIGHT] * len(collectives) != []
+    # the straggler among 8, from the arrivals and from the capture: rank 6, and late by a
+    # good part of the knob. Not all of it: the 7 others share this machine's cores while it
+    # sleeps and compute slower than it does after, so they arrive later than on 8 cores.
+    late = {"arrivals": lateness(record["rank_arrival_ms"]), "capture": list(ranks["late_ms"])}
+    for where, values in late.items():
+        assert int(np.argmax(values)) == EIGHT_KNOB["straggle_rank"], (where, values)
+        assert max(values) > EIGHT_KNOB["straggle_ms"] / 4, (where, values)
+    assert metrics["straggler_rank"] == EIGHT_KNOB["straggle_rank"]
+    # the figure: one bar per rank, all 8 (its height grows by a row per bar)
+    summary = pd.DataFrame({"run": [eight_ranks.name]})
+    drawn = plot_rank_timeline(summary, eight_ranks.parent, eight_ranks / "rank_timeline.png")
+    two = eight_ranks.parent / "two" / eight_ranks.name / "distributed"
+    two.mkdir(parents=True)
+    ranks[ranks["rank"] < 2].to_csv(two / "ranks.csv", index=False)
+    fewer = plot_rank_timeline(summary, two.parent.parent, two / "rank_timeline.png")
+    assert style.has_data(drawn) and style.has_data(fewer)
+    added = _png_height(drawn) - _png_height(fewer)
+    assert added == pytest.approx((EIGHT - 2) * style.ROW_IN * style.DPI, abs=2)
+
+
+def _png_height(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height
 
 
 # -- the same on real NCCL captures: one rank of DDP and of FSDP2 on two H200s ---------------
@@ -302,7 +546,7 @@ def test_exposed_communication_on_real_nccl_captures(stem: str) -> None:
 def test_comm_findings_on_the_h200_run_name_no_setting_the_run_has() -> None:
     """published/h200x2/distributed (two H200s, the pipeline's own results): a finding's fix
     never names what its run already does, and a measured gain is quoted only from a variant
-    that moves the way the fix says."""
+    that moves the way the fix says (the gains' check: the CPU matrix runs no variants)."""
     results = REPO / "published" / "h200x2" / "distributed"
     ctx = Context(results, pd.read_csv(results / "summary.csv"))
     found = {(f.rule, f.run): f for run in ctx.summary["run"]

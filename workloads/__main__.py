@@ -154,6 +154,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
                 step, warmup=args.warmup, steps=args.steps, device=device,
                 before_measure=before_measure,
                 after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
+                before_step=run.before_step if run else None,
             )
         process_state.mark(record.result["process"], "measured")
         record.succeed(workload, measurement, gpu.result(), graph)
@@ -171,7 +172,8 @@ def run_from_command_line(argv: list[str] | None) -> int:
 # Options added after results were published, at their defaults: left out of the config hash.
 # compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
 NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
-    ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"))}
+    ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"), ("comm", "on"),
+    ("straggle_ms", 0.0), ("straggle_rank", 0))}
 
 
 def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -14,10 +14,17 @@
 * in a capture on the CPU (``PROFBENCH_OP_RANGES=1``, set by the distributed profile rule),
   one range per operator (``aten::mm, op_id = N``: the op capture's dispatch-mode ranges,
   workloads/op_ranges.py): the compute side of the CPU timeline (analysis/metrics/ranks.py);
+* per measured step, each rank's *arrival*: the time from the step's start to its first
+  collective (CUDA events on a GPU, the host clock on a CPU), untraced: the rank that arrives
+  last is the one the others wait for;
+* ``--comm skip``: every collective replaced by its local result (no communication, the same
+  compute), the untraced bound the synchronized step is compared with;
+* ``--straggle_ms`` (a test knob): rank ``--straggle_rank`` sleeps that long at the start of
+  every step, a straggler of known size;
 * the record: rank 0 writes the run's JSON (the schema of every run, with
-  ``tokens_per_s`` over all ranks) plus every rank's step times (gathered after the measured
-  steps, so the straggler spread is known untraced too); ranks > 0 write ``<out>.rank<r>``,
-  which the launcher (pipeline/launch.py) reads when a rank failed.
+  ``tokens_per_s`` over all ranks) plus every rank's step times and arrivals (gathered after
+  the measured steps, so stragglers are known untraced too); ranks > 0 write
+  ``<out>.rank<r>``, which the launcher (pipeline/launch.py) reads when a rank failed.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -44,7 +52,8 @@ from workloads.status import Unsupported
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")
 # The options of a distributed run (left out of a one-process run's record and its hash).
-ARGS = ("parallel", "gpus", "bucket_cap_mb", "reshard_after_forward")
+ARGS = ("parallel", "gpus", "bucket_cap_mb", "reshard_after_forward", "comm", "straggle_ms",
+        "straggle_rank")
 # NVTX range name of one collective: op and message size (the analysis parses it back).
 COMM_RANGE = "comm {op} {nbytes}B"
 # Set by the profile rule of distributed runs: operator ranges on the CPU (the compute side).
@@ -83,16 +92,70 @@ def rank_out(out: Path | None) -> Path | None:
     return out.with_name(f"{out.name}.rank{rank}")
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """The run's communication and straggler settings (workloads/models/gpt.py), at their
+    defaults for a workload whose options lack them."""
+
+    comm: str = "on"
+    straggle_ms: float = 0.0
+    straggle_rank: int = 0
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Knobs:
+        return cls(**{k: getattr(args, k) for k in cls.__dataclass_fields__ if hasattr(args, k)})
+
+
+@dataclass
+class Arrivals:
+    """Per measured step, the time from the step's start to its first collective: when this
+    rank reaches the collectives, the moment its peers start waiting for it (or it for them).
+    CUDA events on the current stream on a GPU (where the device gets there: the host runs
+    ahead), the host clock on a CPU."""
+
+    cuda: bool = False
+    start: Any = None
+    waiting: bool = False  # the step's first collective is still to come
+    pairs: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def _mark(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def step_started(self, measuring: bool) -> None:
+        self.waiting = measuring
+        if measuring:
+            self.start = self._mark()
+
+    def collective_issued(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.pairs.append((self.start, self._mark()))
+
+    def ms(self) -> list[float]:
+        """Each measured step's arrival (ms); read after the steps' synchronization."""
+        if self.cuda:
+            return [start.elapsed_time(end) for start, end in self.pairs]
+        return [(end - start) * 1e3 for start, end in self.pairs]
+
+
 @dataclass
 class CommLog:
-    """Every collective this rank issued: (op, bytes) -> count, for the record."""
+    """Every collective this rank issued: (op, bytes) -> count, for the record, and the
+    steps' arrivals. With ``skip`` (``--comm skip``) the collectives are not issued."""
 
     counts: Counter = field(default_factory=Counter)
     measuring: bool = False
+    skip: bool = False
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
     def opened(self, op: str, nbytes: int) -> Any:
         if self.measuring:
             self.counts[(op, nbytes)] += 1
+        self.arrivals.collective_issued()
         return nvtx.start_range(COMM_RANGE.format(op=op, nbytes=nbytes))
 
     def record(self, steps: int) -> list[dict[str, Any]]:
@@ -109,22 +172,82 @@ def _closing(range_id: Any) -> Callable[[torch.futures.Future], Any]:
 
 
 def ddp_allreduce_hook(log: CommLog) -> Callable[[Any, dist.GradBucket], torch.futures.Future]:
-    """DDP's default all-reduce (average of the bucket), inside a ``comm all_reduce`` range."""
+    """DDP's default all-reduce (average of the bucket), inside a ``comm all_reduce`` range.
+
+    NCCL averages in the reduction itself (``ReduceOp.AVG``): DDP without a hook divides while
+    copying the gradients into the bucket, and a ``div_`` here would add a pass over every
+    gradient (about 8 ms a step for the 2.7B's 13.6 GB on an H100). Gloo has no AVG."""
+    average = dist.get_backend() == "nccl"
+
+    def finished(range_id: Any) -> Callable[[torch.futures.Future], torch.Tensor]:
+        def close(fut: torch.futures.Future) -> torch.Tensor:
+            nvtx.end_range(range_id)
+            return fut.value()[0]
+
+        return close
 
     # No annotations: DDP checks them against dist.GradBucket, and here they are strings.
     def hook(state, bucket):  # noqa: ANN001, ANN202
         tensor = bucket.buffer()
+        if log.skip:
+            return _local_result(tensor)
         range_id = log.opened("all_reduce", tensor.numel() * tensor.element_size())
-        tensor.div_(dist.get_world_size())
-        fut = dist.all_reduce(tensor, async_op=True).get_future()
-        return fut.then(_closing(range_id)).then(lambda f: f.value()[0])
+        if average:
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True)
+        else:
+            tensor.div_(dist.get_world_size())
+            work = dist.all_reduce(tensor, async_op=True)
+        return work.get_future().then(finished(range_id))
 
     return hook
 
 
+def _local_result(tensor: torch.Tensor) -> torch.futures.Future:
+    """The bucket's all-reduce without communication (torch's ``noop_hook`` for headroom
+    analysis): this rank's own gradients, which equal the average, as every rank trains on the
+    same batch from the same weights."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def local_all_gather(output: torch.Tensor, input_tensor: torch.Tensor,
+                     group: dist.ProcessGroup) -> None:
+    """An all-gather without communication: this rank's shard copied into every other rank's
+    slot, the bytes the all-gather writes (the step then computes on copies of one shard: the
+    same shapes and work, other values)."""
+    slots = output.view(group.size(), -1)
+    for r in range(group.size()):
+        if r != group.rank():  # FSDP2 copies the shard into its own slot before the call
+            slots[r].copy_(input_tensor)
+
+
+def local_reduce_scatter(output: torch.Tensor, input_tensor: torch.Tensor,
+                         group: dist.ProcessGroup, op: Any) -> None:
+    """A reduce-scatter without communication: this rank's chunk of its own gradients, the
+    result when every rank's gradients are equal (the same batch on every rank): the chunk for
+    an average, ``world`` times it for a sum."""
+    output.copy_(input_tensor.view(group.size(), -1)[group.rank()])
+    if op != dist.ReduceOp.AVG:
+        output.mul_(group.size())
+
+
+def fsdp_comm_hooks() -> bool:
+    """Whether this torch has FSDP2's custom-comm hooks (what ``comm: skip`` replaces)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (  # noqa: F401
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError:
+        return False
+    return hasattr(FSDPModule, "set_custom_all_gather")
+
+
 def _fsdp_comms(log: CommLog) -> tuple[Any, Any] | None:
-    """FSDP2's default all-gather and reduce-scatter, each call inside a comm range; None on a
-    torch without FSDP2's custom-comm hooks."""
+    """FSDP2's default all-gather and reduce-scatter, each call inside a comm range (with
+    ``log.skip``, their local results); None on a torch without FSDP2's custom-comm hooks."""
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
             DefaultAllGather,
@@ -133,8 +256,11 @@ def _fsdp_comms(log: CommLog) -> tuple[Any, Any] | None:
     except ImportError:
         return None
 
-    def traced(op: str, issue: Callable[..., Any], output: torch.Tensor,
-               input_tensor: torch.Tensor, async_op: bool) -> Any:
+    def traced(op: str, issue: Callable[..., Any], local: Callable[[], None],
+               output: torch.Tensor, input_tensor: torch.Tensor, async_op: bool) -> Any:
+        if log.skip:
+            local()
+            return None  # nothing to wait for: FSDP2 then waits on its stream's event only
         # bytes on the wire per rank: the gathered output / the scattered input
         full = output if op == "all_gather" else input_tensor
         range_id = log.opened(op, full.numel() * full.element_size())
@@ -152,14 +278,16 @@ def _fsdp_comms(log: CommLog) -> tuple[Any, Any] | None:
     class AllGather(DefaultAllGather):
         def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
             return traced("all_gather", lambda: super(AllGather, self).__call__(
-                output_tensor, input_tensor, group, async_op), output_tensor, input_tensor,
-                async_op)
+                output_tensor, input_tensor, group, async_op),
+                lambda: local_all_gather(output_tensor, input_tensor, group),
+                output_tensor, input_tensor, async_op)
 
     class ReduceScatter(DefaultReduceScatter):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
             return traced("reduce_scatter", lambda: super(ReduceScatter, self).__call__(
-                output_tensor, input_tensor, group, op, async_op), output_tensor, input_tensor,
-                async_op)
+                output_tensor, input_tensor, group, op, async_op),
+                lambda: local_reduce_scatter(output_tensor, input_tensor, group, op),
+                output_tensor, input_tensor, async_op)
 
     return AllGather(), ReduceScatter()
 
@@ -177,24 +305,33 @@ class DistributedRun:
     log: CommLog = field(default_factory=CommLog)
     fsdp_comm_ranges: bool = False
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """The model as DDP or FSDP2 sees it (called before the optimizer is built)."""
+    def wrap(self, model: nn.Module, layers: str = "layers.*",
+             broadcast_buffers: bool = False) -> nn.Module:
+        """The model as DDP or FSDP2 sees it (called before the optimizer is built).
+
+        ``layers``: ``|``-separated globs of the module paths that are layers (the workload's
+        structure, workloads/models/parts.py; the GPT's ``layers.*`` by default): FSDP2
+        shards each layer, then the root with the rest. ``broadcast_buffers``: DDP sends
+        rank 0's buffers to every rank before each forward, needed where a forward changes
+        them (BatchNorm's running statistics); the GPT's rotary tables are constant."""
         if self.args.parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            # The rotary tables are constant buffers: no broadcast before each forward
-            # (torch 2.13 deprecates the argument; 2.11 on the GPU hosts has no successor).
+            # torch 2.13 deprecates the argument; 2.11 on the GPU hosts has no successor
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.args.bucket_cap_mb,
-                          broadcast_buffers=False)
+                          broadcast_buffers=broadcast_buffers)
             ddp.register_comm_hook(None, ddp_allreduce_hook(self.log))
             return ddp
         from torch.distributed.fsdp import fully_shard
 
+        from workloads.models.parts import Structure
+
         reshard = self.args.reshard_after_forward
-        shards = [fully_shard(layer, reshard_after_forward=reshard) for layer in model.layers]
+        shards = [fully_shard(layer, reshard_after_forward=reshard)
+                  for layer in Structure(layers).layer_modules(model)]
         root = fully_shard(model, reshard_after_forward=reshard)
         comms = _fsdp_comms(self.log)
         if comms is not None and hasattr(root, "set_custom_all_gather"):
@@ -203,6 +340,22 @@ class DistributedRun:
                 module.set_custom_reduce_scatter(comms[1])
             self.fsdp_comm_ranges = True
         return root
+
+    @property
+    def straggles(self) -> bool:
+        """This rank is the one ``--straggle_ms`` slows."""
+        knobs = Knobs.of(self.args)
+        return knobs.straggle_ms > 0 and self.rank == knobs.straggle_rank
+
+    def before_step(self) -> None:
+        """At the start of every warm-up and measured step (workloads/runner.py): the step's
+        start, from which its arrival is timed, then the straggler's delay. A sleep before any
+        of the step's work: on a GPU, idle after the previous step's synchronization, the
+        rank's whole step starts ``straggle_ms`` late (its host queues nothing meanwhile), so
+        every peer waits that long in the step's first collective."""
+        self.log.arrivals.step_started(self.log.measuring)
+        if self.straggles:
+            time.sleep(Knobs.of(self.args).straggle_ms / 1e3)
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
@@ -217,11 +370,14 @@ class DistributedRun:
         rank calls it after its measured steps)."""
         steps = result["step_ms"]
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, steps)
+        dist.all_gather_object(gathered, (steps, self.log.arrivals.ms()))
+        arrivals = [a for _, a in gathered]
         tokens = tokens_per_rank * self.world_size
         mean_s = result["mean_ms"] / 1e3
         result.update(
-            rank_step_ms=gathered,
+            rank_step_ms=[s for s, _ in gathered],
+            # none where no collective ran (comm skip)
+            rank_arrival_ms=arrivals if all(arrivals) else None,
             tokens_per_step=tokens,
             tokens_per_step_per_rank=tokens_per_rank,
             tokens_per_s=tokens / mean_s,
@@ -230,11 +386,15 @@ class DistributedRun:
         )
 
     def describe(self) -> dict[str, Any]:
+        knobs = Knobs.of(self.args)
         return {"parallel": self.args.parallel, "world_size": self.world_size,
                 "rank": self.rank, "backend": self.backend,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version()))
                 if self.backend == "nccl" else None,
-                "comm_ranges": self.args.parallel == "ddp" or self.fsdp_comm_ranges}
+                "comm_ranges": self.args.parallel == "ddp" or self.fsdp_comm_ranges,
+                "comm": knobs.comm,
+                "straggler": {"rank": knobs.straggle_rank, "ms": knobs.straggle_ms}
+                if knobs.straggle_ms > 0 else None}
 
     def close(self) -> None:
         """Leave the process group once every rank is done with its collectives.
@@ -263,6 +423,17 @@ def check_supported(args: argparse.Namespace) -> None:
     if args.optimizer == "adamw_master":
         raise Unsupported("optimizer adamw_master rewrites the parameters DDP/FSDP hold; use "
                           "adamw_foreach or adamw_fused")
+    if args.parallel == "fsdp" and Knobs.of(args).comm == "skip" and not fsdp_comm_hooks():
+        raise Unsupported("comm skip replaces FSDP2's collectives through its custom-comm "
+                          "hooks (set_custom_all_gather), which this torch lacks")
+
+
+def check_knobs(args: argparse.Namespace, world: int) -> None:
+    """A straggler rank the run has (a usage error otherwise)."""
+    knobs = Knobs.of(args)
+    if knobs.straggle_ms > 0 and not 0 <= knobs.straggle_rank < world:
+        raise ValueError(f"--straggle_rank {knobs.straggle_rank}: the run has ranks 0 to "
+                         f"{world - 1}")
 
 
 def start(args: argparse.Namespace, device: torch.device) -> DistributedRun:
@@ -271,6 +442,7 @@ def start(args: argparse.Namespace, device: torch.device) -> DistributedRun:
     rank, local_rank, world = rank_env()
     if world != args.gpus:
         raise ValueError(f"--gpus {args.gpus} but torchrun started {world} processes")
+    check_knobs(args, world)
     if device.type == "cuda":
         if torch.cuda.device_count() <= local_rank:
             raise Unsupported(f"{world} ranks need {world} GPUs; "
@@ -281,4 +453,6 @@ def start(args: argparse.Namespace, device: torch.device) -> DistributedRun:
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(backend, **kwargs)
-    return DistributedRun(args, device, rank, local_rank, world, backend)
+    log = CommLog(skip=Knobs.of(args).comm == "skip",
+                  arrivals=Arrivals(cuda=device.type == "cuda"))
+    return DistributedRun(args, device, rank, local_rank, world, backend, log=log)

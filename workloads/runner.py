@@ -81,13 +81,17 @@ def run_steps(
     before_measure: Callable[[], None] | None = None,
     after_measure: Callable[[], None] | None = None,
     op_ranges: str = "off",
+    before_step: Callable[[], None] | None = None,
 ) -> Measurement:
     """Run ``warmup`` unmeasured then ``steps`` measured calls of ``step`` on ``device``.
 
     ``before_measure`` / ``after_measure`` run just outside the measured region (e.g. GPU
     state snapshots), so they cost the steps nothing and stay out of the capture.
     ``op_ranges`` (off / on / shapes): PyTorch's op ranges around the measured steps.
+    ``before_step`` starts every warm-up and measured step, inside its time (a distributed
+    rank's step start and straggler delay, workloads/parallel.py).
     """
+    begin = before_step or (lambda: None)
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
     on_cuda = device.type == "cuda"
@@ -96,6 +100,7 @@ def run_steps(
     for _ in range(warmup):
         start = time.perf_counter()
         with rng("warmup"):
+            begin()
             step()
             synchronize(device)
         warmup_ms.append((time.perf_counter() - start) * 1e3)
@@ -118,6 +123,7 @@ def run_steps(
                 with rng("profiled_step"):
                     start_event = _record_event() if on_cuda else None
                     start = time.perf_counter()
+                    begin()
                     loss = step()
                     end_event = _record_event() if on_cuda else None
                     synchronize(device)

@@ -499,7 +499,12 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
         ranges = module_ranges.ModuleRanges(model, depth)
-    wrapped = run.wrap(model) if run.wrap is not None else model
+    if options.compile_blocks == "once" and speed.compile_mode != "off":
+        from workloads.models.model import compile_once
+
+        compile_once(structure.layer_modules(model))  # before DDP/FSDP wrap the layers
+    wrapped = model if run.wrap is None else run.wrap(
+        model, layers=structure.layers, broadcast_buffers=not parts.constant_buffers)
     optimizer = None
     if options.mode == "train":
         low = compute_dtype(run.dtype) if run.dtype in ("bf16", "fp16") else None
@@ -518,7 +523,9 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
             layer.forward = torch.compile(layer.forward, **compile_kwargs(speed.compile_mode))
         compiled_model = wrapped
     else:
-        compiled_model = compile_callable(wrapped, speed.compile_mode)
+        compiled_model = compile_callable(
+            wrapped, speed.compile_mode,
+            NESTED_REGION_OPTIONS if options.compile_blocks == "once" else None)
     loss_fn = None
     if parts.loss is not None and options.mode != "forward":
         user_loss = parts.loss

@@ -6,7 +6,10 @@ Each rule is a :data:`~analysis.outputs.finding_base.Rule` (``rule(ctx, run)`` y
 same run with another ``bucket_cap_mb`` for DDP, another ``reshard_after_forward`` for FSDP),
 the finding quotes that variant's measured speed-up with its 95% CI and every key it changed.
 findings.py's ``find_all`` runs :data:`COMM_RULES` after its own rules (the findings rule has
-``distributed.csv`` as an input when the config has distributed runs).
+``distributed.csv`` as an input when the config has distributed runs). A no-communication
+twin (``comm: skip``) gets none: it is a yardstick, not a setting to run. Where the capture's
+step is more than 10% off the untraced one (``capture_distorted``), the findings read from
+the capture say so: what they describe may be the tracer's own doing.
 """
 
 from __future__ import annotations
@@ -23,17 +26,18 @@ from analysis.outputs.runs import empty_cell, read_json
 DISTRIBUTED_CSV = "distributed.csv"
 # Thresholds (docs/distributed.md says why).
 EXPOSED_COMM_SHARE = 0.10  # of the step: communication nothing hides
-STRAGGLER_SHARE = 0.05  # compute spread across ranks, of the step
+STRAGGLER_SHARE = 0.05  # the others' wait for the latest rank, of the step
 BUSBW_RATIO = 0.5  # of the calibrated all-reduce bus bandwidth at the same size
 SCALING_EFFICIENCY = 0.8
 VARIANT_KEYS = ("bucket_cap_mb", "reshard_after_forward")
 DDP_BUCKET_MB = 25  # PyTorch's default bucket_cap_mb, as workloads/__main__.py's --bucket_cap_mb
 
 
-# What to check when one rank computes longer than the others.
+# What to check when one rank reaches the collectives later than the others.
 STRAGGLER_FIX = ("check that rank's GPU (clocks, temperature: gpu_state flags; another process "
-                 "on it) and its placement (NUMA node, PCIe / NVLink topology: nvidia-smi topo "
-                 "-m); equal work per rank is assumed")
+                 "on it), its host side (a CPU thread starved or sharing a core; data loading) "
+                 "and its placement (NUMA node, PCIe / NVLink topology: nvidia-smi topo -m); "
+                 "equal work per rank is assumed")
 
 
 def _past(column: str, limit: float, above: bool
@@ -46,6 +50,8 @@ def _past(column: str, limit: float, above: bool
             row = _row(ctx, run)
             value = row and row.get(column)
             if value is None or (value <= limit if above else value >= limit):
+                return
+            if row.get("comm") == "skip":  # the yardstick without communication
                 return
             yield from check(ctx, run, row, value)
         return over_row
@@ -122,6 +128,29 @@ def _fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
         "enough not to be latency-bound; gradient_as_bucket_view=True saves the copies")
 
 
+def capture_caveat(row: dict[str, Any]) -> str:
+    """What a finding read from a distorted capture adds to its title ('' otherwise)."""
+    if not row.get("capture_distorted"):
+        return ""
+    off = row["capture_vs_untraced"]
+    return (f"; the capture's step is {abs(off):.0%} {'slower' if off > 0 else 'faster'} than "
+            "the untraced one, so part of this may be the tracer's own distortion")
+
+
+def _untraced_comm(row: dict[str, Any]) -> str:
+    if row.get("untraced_comm_ms") is None:
+        return ""
+    return (f"; untraced, the step without communication ({row['nosync_run']}) is "
+            f"{row['untraced_comm_ms']:.3g} ms shorter")
+
+
+def _untraced_straggler(row: dict[str, Any]) -> str:
+    if row.get("untraced_straggler_rank") is None:
+        return ""
+    return (f"; untraced, rank {int(row['untraced_straggler_rank'])} reaches its first "
+            f"collective {row['untraced_straggler_ms']:.3g} ms after the others")
+
+
 @_past("exposed_comm_share", EXPOSED_COMM_SHARE, above=True)
 def exposed_communication(ctx: Context, run: str, row: dict[str, Any], share: float
                           ) -> Iterator[Finding]:
@@ -129,18 +158,20 @@ def exposed_communication(ctx: Context, run: str, row: dict[str, Any], share: fl
     f = _finding(run, "exposed_communication", "exposed_comm_share", share,
                  EXPOSED_COMM_SHARE,
                  f"{share:.0%} of the step is communication nothing overlaps "
-                 f"({row['exposed_comm_ms']:.3g} ms/step, overlap {row['overlap'] or 0:.0%})",
+                 f"({row['exposed_comm_ms']:.3g} ms/step, overlap {row['overlap'] or 0:.0%})"
+                 f"{_untraced_comm(row)}{capture_caveat(row)}",
                  fix, "high" if share > 3 * EXPOSED_COMM_SHARE else "medium")
     yield with_gain(ctx, f, key)
 
 
-@_past("compute_spread_share", STRAGGLER_SHARE, above=True)
+@_past("straggler_share", STRAGGLER_SHARE, above=True)
 def straggler_rank(ctx: Context, run: str, row: dict[str, Any], share: float
                           ) -> Iterator[Finding]:
-    yield _finding(run, "straggler_rank", "compute_spread_share", share, STRAGGLER_SHARE,
-                   f"rank {int(row['straggler_rank'])} computes {row['compute_spread_ms']:.3g} ms "
-                   f"more per step than the fastest rank ({share:.0%} of the step): the others "
-                   "wait for it in every collective", STRAGGLER_FIX)
+    yield _finding(run, "straggler_rank", "straggler_share", share, STRAGGLER_SHARE,
+                   f"rank {int(row['straggler_rank'])} reaches the collectives "
+                   f"{row['straggler_ms']:.3g} ms after the others per step ({share:.0%} of "
+                   "the step): they wait for it"
+                   f"{_untraced_straggler(row)}{capture_caveat(row)}", STRAGGLER_FIX)
 
 
 @_past("busbw_vs_calibrated", BUSBW_RATIO, above=False)
@@ -176,4 +207,4 @@ COMM_RULES: list[Rule] = [
     exposed_communication, straggler_rank, slow_collectives, poor_scaling,
 ]
 
-__all__ = ["COMM_RULES"]
+__all__ = ["COMM_RULES", "capture_caveat"]

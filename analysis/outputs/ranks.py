@@ -6,16 +6,19 @@
 writes (definitions in analysis/metrics/ranks.py and docs/distributed.md):
 
 * ``rank_steps.csv``: rank, step, step/compute/communication/exposed/idle ms, overlap;
-* ``ranks.csv``: the same per rank, mean over its steps;
+* ``ranks.csv``: the same per rank, mean over its steps, and ``late_ms``: how much later than
+  the others the rank reaches the collectives (:func:`lateness` of its communication time:
+  the others wait for a late rank inside the collective, so it spends the least time there);
 * ``steps.csv``: per step, across ranks: the slowest and fastest rank by step time and the
-  spread (slowest - fastest), and the rank with the most compute (the one the others wait for
-  in the collectives: its own exposed communication is the smallest);
+  spread (slowest - fastest), the rank with the most compute and the compute spread, and the
+  latest rank (the least communication) with the others' median communication minus its own;
 * ``collectives.csv``: per collective op and message size, over all ranks and measured steps:
   count, median time, algorithm bandwidth ``bytes / time`` and bus bandwidth ``algbw x
   factor`` (nccl-tests: 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
   reduce-scatter, whose size is the whole gathered / scattered buffer);
-* ``metrics.json``: the run's means (over ranks and steps) and its largest all-reduce's bus
-  bandwidth, for distributed.csv and the findings.
+* ``metrics.json``: the run's means (over ranks and steps), the straggler (the rank with the
+  largest ``late_ms``, and that lateness: what every other rank waits for it per step) and
+  the largest all-reduce's bus bandwidth, for distributed.csv and the findings.
 
 A run that failed (``times.json`` status) gets header-only tables and its status.
 """
@@ -35,9 +38,9 @@ from analysis.reading import Export
 TABLES = {
     "rank_steps": ["rank", *STEP_COLUMNS],
     "ranks": ["rank", "steps", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms",
-              "exposed_comm_share", "overlap", "idle_ms"],
+              "exposed_comm_share", "overlap", "idle_ms", "late_ms"],
     "steps": ["step", "slowest_rank", "fastest_rank", "step_spread_ms", "max_compute_rank",
-              "compute_spread_ms"],
+              "compute_spread_ms", "late_rank", "late_ms"],
     "collectives": ["op", "bytes", "count", "time_us", "algbw_gbps", "busbw_gbps",
                     "bus_factor"],
 }
@@ -76,8 +79,39 @@ def _overlap(steps: list[dict[str, Any]]) -> float | None:
     return 1 - sum(s["exposed_comm_ms"] for s in steps) / comm if comm else None
 
 
+def lateness(arrivals: list[list[float]]) -> list[float | None]:
+    """Per rank, how much later than the others it gets to the collectives: the median over
+    steps of its arrival minus the median of the other ranks' arrivals in the same step (a
+    median: one step disturbed by something else does not move it). ``arrivals[r][s]``: rank
+    r's arrival in step s, later = larger; steps every rank has."""
+    count = min((len(a) for a in arrivals), default=0)
+    if len(arrivals) < 2 or count == 0:
+        return [None] * len(arrivals)
+    out = []
+    for r, mine in enumerate(arrivals):
+        others = [a for o, a in enumerate(arrivals) if o != r]
+        out.append(statistics.median(
+            mine[s] - statistics.median(a[s] for a in others) for s in range(count)))
+    return out
+
+
+def straggler_of(late: list[float | None]) -> tuple[int | None, float | None]:
+    """The latest rank and its lateness (ms), from :func:`lateness`."""
+    known = [(v, r) for r, v in enumerate(late) if v is not None]
+    if not known:
+        return None, None
+    value, rank = max(known)
+    return rank, value
+
+
+def comm_arrivals(per_rank: dict[int, list[dict[str, Any]]]) -> list[list[float]]:
+    """Communication time as an arrival (later = larger): a rank that arrives late at a
+    collective waits the least inside it, the others wait for it."""
+    return [[-s["comm_ms"] for s in per_rank[r]] for r in sorted(per_rank)]
+
+
 def straggler_rows(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per step index all ranks have: slowest/fastest rank, spreads."""
+    """Per step index all ranks have: slowest/fastest rank, spreads, the latest rank."""
     count = min((len(s) for s in per_rank.values()), default=0)
     rows = []
     for i in range(count):
@@ -86,11 +120,15 @@ def straggler_rows(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, 
         fast = min(step, key=lambda r: step[r]["step_ms"])
         busy = max(step, key=lambda r: step[r]["compute_ms"])
         idle = min(step, key=lambda r: step[r]["compute_ms"])
+        late = min(step, key=lambda r: step[r]["comm_ms"])
+        others = [step[r]["comm_ms"] for r in step if r != late]
         rows.append({
             "step": i, "slowest_rank": slow, "fastest_rank": fast,
             "step_spread_ms": step[slow]["step_ms"] - step[fast]["step_ms"],
             "max_compute_rank": busy,
             "compute_spread_ms": step[busy]["compute_ms"] - step[idle]["compute_ms"],
+            "late_rank": late,
+            "late_ms": statistics.median(others) - step[late]["comm_ms"] if others else None,
         })  # fmt: skip
     return rows
 
@@ -123,7 +161,9 @@ def run_metrics(ranks: list[dict[str, Any]], stragglers: list[dict[str, Any]],
     metrics["step_spread_ms"] = _mean(spreads)
     metrics["compute_spread_ms"] = _mean([s["compute_spread_ms"] for s in stragglers])
     busiest = [s["max_compute_rank"] for s in stragglers]
-    metrics["straggler_rank"] = max(set(busiest), key=busiest.count) if busiest else None
+    metrics["max_compute_rank"] = max(set(busiest), key=busiest.count) if busiest else None
+    metrics["straggler_rank"], metrics["straggler_ms"] = straggler_of(
+        [r["late_ms"] for r in ranks])
     reduces = [c for c in collectives if c["op"] == "all_reduce"]
     largest = max(reduces, key=lambda c: c["bytes"]) if reduces else None
     metrics["allreduce_bytes"] = largest["bytes"] if largest else None
@@ -151,15 +191,24 @@ def analyze(exports: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[
         sources.add(tl.source)
         steps[rank] = step_breakdown(tl)
         colls[rank] = collective_rows(tl)
-    world = len(exports)
-    ranks = [rank_summary(r, s) for r, s in steps.items()]
+    return across_ranks(steps, colls, "/".join(sorted(sources)))
+
+
+def across_ranks(steps: dict[int, list[dict[str, Any]]], colls: dict[int, list[dict[str, Any]]],
+                 source: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The tables and metrics from every rank's step rows (analysis/metrics/ranks.py:
+    step_breakdown) and collective rows (collective_rows)."""
+    world = len(steps)
+    ranks = [rank_summary(r, s) for r, s in sorted(steps.items())]
+    for row, late in zip(ranks, lateness(comm_arrivals(steps)), strict=True):
+        row["late_ms"] = late
     stragglers = straggler_rows(steps)
     collectives = collective_table(colls, world)
     tables = {
-        "rank_steps": [{"rank": r, **row} for r, rows in steps.items() for row in rows],
+        "rank_steps": [{"rank": r, **row} for r, rows in sorted(steps.items()) for row in rows],
         "ranks": ranks, "steps": stragglers, "collectives": collectives,
     }
-    return tables, run_metrics(ranks, stragglers, collectives, world, "/".join(sorted(sources)))
+    return tables, run_metrics(ranks, stragglers, collectives, world, source)
 
 
 def write_rank_analysis(exports: list[Path], times: Path, outdir: Path) -> dict[str, Any]:
@@ -177,4 +226,5 @@ def write_rank_analysis(exports: list[Path], times: Path, outdir: Path) -> dict[
     return metrics
 
 
-__all__ = ["TABLES", "analyze", "bus_factor", "write_rank_analysis"]
+__all__ = ["TABLES", "across_ranks", "analyze", "bus_factor", "lateness", "straggler_of",
+           "write_rank_analysis"]
