@@ -25,7 +25,9 @@ $(VENV)/.installed: pyproject.toml
 # once, before the venv is set up or an image is built. CONTAINER=none runs the jobs in this
 # host's Python environment instead of the image (a cluster module, a vendor container):
 # scripts/run-on-host.sh, which needs no venv and no network (WHEEL_KIT for offline wheels);
-# its --cores is 4 unless CORES is given, so analysis jobs overlap the GPU jobs.
+# its --cores is 4 per GPU unless CORES is given, so analysis jobs overlap the GPU jobs.
+# Both pass the host's GPU count as `--resources gpu=N` (whole GPUs: one job per GPU side by
+# side, pipeline/gpus.py); in the image, --cores is one per GPU unless CORES is given.
 CONTAINER ?= apptainer
 # the config CONTAINER=none runs
 CONFIG ?= config.yaml
@@ -33,12 +35,14 @@ run:
 ifeq ($(CONTAINER),none)
 	python3 -m pipeline.checks --gpu \
 	  --why "make run CONTAINER=none profiles the GPU matrix ($(CONFIG)) in this Python environment"
-	CORES=$(if $(filter command line,$(origin CORES)),$(CORES),4) bash scripts/run-on-host.sh $(CONFIG)
+	$(if $(filter command line,$(origin CORES)),CORES=$(CORES)) bash scripts/run-on-host.sh $(CONFIG)
 else
 	python3 -m pipeline.checks --gpu --apptainer \
 	  --why "make run profiles the default GPU matrix (config.yaml) in the CUDA image"
 	$(MAKE) setup
-	$(SNAKEMAKE) --cores $(CORES) --use-singularity
+	gpus=$$($(PY) -m pipeline.gpus count) && \
+	  $(SNAKEMAKE) --cores $(if $(filter command line,$(origin CORES)),$(CORES),$$gpus) \
+	  --resources gpu=$$gpus --use-singularity
 	$(SNAKEMAKE) --report results/report.html
 endif
 
@@ -50,8 +54,17 @@ smoke: setup
 # build and the pipeline run inside it start first on one, the Slurm cluster and the rest run
 # on the other (tests/conftest.py orders the files). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup
-	scripts/install-test-deps.sh
+# The system tools (scripts/install-test-deps.sh: apt packages, Nsight Systems, Slurm) install
+# while the venv is set up: the two share nothing and each waits mostly on downloads. The
+# tools' messages follow pip's in one piece; the tests start only if both succeeded.
+test:
+	@echo "make test: the venv and the system tools (scripts/install-test-deps.sh) side by side"
+	@log=$$(mktemp); scripts/install-test-deps.sh > "$$log" 2>&1 & tools=$$!; \
+	$(MAKE) --no-print-directory setup; venv_status=$$?; \
+	wait $$tools; tools_status=$$?; cat "$$log"; rm -f "$$log"; \
+	if [ $$venv_status -ne 0 ] || [ $$tools_status -ne 0 ]; then \
+	  echo "make test: setup failed (venv: exit $$venv_status," \
+	       "scripts/install-test-deps.sh: exit $$tools_status)" >&2; exit 1; fi
 	$(PY) -m pytest -v --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup

@@ -11,18 +11,13 @@ command -v node >/dev/null || missing+=(nodejs)
 for tool in debootstrap patchelf mksquashfs unsquashfs; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
+packages=()
 if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-    echo "install-test-deps: missing ${missing[*]}; install them (Debian: apt-get install" \
-         "chromium nodejs debootstrap patchelf squashfs-tools) and rerun" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends chromium nodejs debootstrap patchelf squashfs-tools \
-      uidmap fuse2fs squashfuse >/dev/null
+  echo "install-test-deps: missing ${missing[*]}" >&2
+  packages=(chromium nodejs debootstrap patchelf squashfs-tools uidmap fuse2fs squashfuse)
 fi
+# These packages and a single-node Slurm cluster's for tests/test_slurm.py (Slurm, munge,
+# MariaDB), in one apt-get call: one index update, one dpkg run.
+"$here/slurm-local.sh" install "${packages[@]}" >/dev/null
 "$here/install-nsys.sh" >/dev/null
-# A single-node Slurm cluster for tests/test_slurm.py (Slurm, munge, MariaDB; apt as above).
-"$here/slurm-local.sh" install >/dev/null
 echo "install-test-deps: chromium, node, debootstrap, nsys and Slurm are ready"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A single-node Slurm cluster on localhost, for tests/test_slurm.py (Debian, root, no systemd).
 #
-#   scripts/slurm-local.sh install     apt-get install Slurm, munge, slurmdbd and MariaDB
+#   scripts/slurm-local.sh install [PACKAGE...]
+#                                      apt-get install Slurm, munge, slurmdbd and MariaDB
+#                                      where missing, and the PACKAGEs in the same call
 #   scripts/slurm-local.sh start DIR   start munged, MariaDB, slurmdbd, slurmctld and slurmd
 #   scripts/slurm-local.sh stop DIR    cancel the jobs, stop the daemons, restore /etc/slurm
 #
@@ -23,35 +25,40 @@ NODE_MEM_MB=65536  # declared, not checked (config_overrides): jobs ask up to 8 
 
 die() { echo "slurm-local: $*" >&2; exit 1; }
 
-install() {
-  local missing=()
+install() {  # install [PACKAGE...]: other packages come along, one apt-get call for all
+  local packages=("$@") tool
   for tool in slurmctld slurmd slurmdbd sbatch sacct munged mariadbd; do
-    command -v "$tool" >/dev/null || missing+=("$tool")
+    if ! command -v "$tool" >/dev/null; then
+      packages+=(slurm-wlm slurmdbd munge mariadb-server)
+      break
+    fi
   done
-  if [ ${#missing[@]} -eq 0 ]; then
+  if [ ${#packages[@]} -eq 0 ]; then
     echo "slurm-local: Slurm, munge and MariaDB are installed"
     return
   fi
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-    die "missing ${missing[*]}; install them (Debian: apt-get install slurm-wlm slurmdbd" \
-        "munge mariadb-server) and rerun"
+    die "missing packages; install them (Debian: apt-get install ${packages[*]}) and rerun"
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   # policy-rc.d 101: the packages must not start their daemons (we start our own).
   local policy=/usr/sbin/policy-rc.d created=
   [ -e "$policy" ] || { printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod +x "$policy"; created=1; }
-  apt-get install -y -qq --no-install-recommends slurm-wlm slurmdbd munge mariadb-server \
-      >/dev/null || { [ -n "$created" ] && rm -f "$policy"; die "apt-get install failed"; }
+  # --force-unsafe-io: dpkg skips its fsync after every file it unpacks (the setting of
+  # container image builds); a machine that crashed mid-install installs again.
+  apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-unsafe-io \
+      "${packages[@]}" >/dev/null || { [ -n "$created" ] && rm -f "$policy"; die "apt-get install failed"; }
   [ -n "$created" ] && rm -f "$policy"
-  echo "slurm-local: installed $(sbatch --version)"
+  echo "slurm-local: installed ${packages[*]} ($(sbatch --version))"
 }
 
 write_configs() {
   local dir=$1 host cpus
   host=$(hostname -s)
   cpus=$(nproc)
-  mkdir -p "$dir"/{etc,state,spool,log,run,munge,mysql}
+  mkdir -p "$dir"/{etc,state,spool,log,run,munge,mysql,dev}
+  for i in 0 1 2 3; do [ -e "$dir/dev/gpu$i" ] || mknod "$dir/dev/gpu$i" c 1 3; done
   cat > "$dir/etc/slurm.conf" <<EOF
 # $MARK for a throwaway test cluster (state in $dir).
 ClusterName=profbench
@@ -77,6 +84,7 @@ AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,bf_resolution=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -84,13 +92,13 @@ GresTypes=gpu
 MpiDefault=none
 ReturnToService=2
 MinJobAge=600
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$NODE_MEM_MB Gres=gpu:1 State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$NODE_MEM_MB Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   cat > "$dir/etc/gres.conf" <<EOF
 # $MARK (state in $dir).
 AutoDetect=off
-NodeName=$host Name=gpu File=/dev/null Count=1
+NodeName=$host Name=gpu File=$dir/dev/gpu[0-3]
 EOF
   cat > "$dir/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
@@ -225,10 +233,10 @@ stop() {
 
 command=${1:-}
 case "$command" in
-  install) install ;;
+  install) shift; install "$@" ;;
   start|stop)
     [ $# -eq 2 ] || die "usage: $0 $command DIR"
     DIR=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
     "$command" ;;
-  *) die "usage: $0 install | start DIR | stop DIR" ;;
+  *) die "usage: $0 install [PACKAGE...] | start DIR | stop DIR" ;;
 esac

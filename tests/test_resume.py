@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,13 +81,23 @@ def _start_pipeline(workdir: Path, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
-    """Finish one run first (a user who asked for one target), then start the whole pipeline,
-    send `signum` to it while a profile job is capturing, and return the finished files'
-    mtimes at that moment. Finishing the run beforehand makes the moment certain: Snakemake
-    may otherwise run every capture before the first analysis ends."""
+@pytest.fixture(scope="module")
+def one_run_finished(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
+    """A working folder where one run is finished (a user who asked for one target), made once
+    for both signals: each test starts from its own copy."""
+    workdir = tmp_path_factory.mktemp("resume") / "work"
+    workdir.mkdir()
     snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG), "--config", SELECT,
               "--", f"{RESULTS}/{FIRST_RUN}/stats/metrics.json")
+    assert _finished_runs(workdir) == [FIRST_RUN]
+    return workdir
+
+
+def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
+    """With one run finished, start the whole pipeline, send `signum` to it while a profile
+    job is capturing, and return the finished files' mtimes at that moment. Finishing the run
+    beforehand makes the moment certain: Snakemake may otherwise run every capture before the
+    first analysis ends."""
     assert _finished_runs(workdir) == [FIRST_RUN]
     proc = _start_pipeline(workdir, workdir / "first.log")
     results = workdir / RESULTS
@@ -121,17 +132,20 @@ def _nvtx_counts(results: Path, run: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_killed_pipeline_resumes_without_recomputing(
-    tmp_path: Path, request: pytest.FixtureRequest, nsys: str, signum: int
+    tmp_path: Path, request: pytest.FixtureRequest, one_run_finished: Path, signum: int
 ) -> None:
-    finished = _interrupt_during_a_capture(tmp_path, signum)
+    # the copy keeps the files' times and Snakemake's records, as the folder itself would
+    workdir = tmp_path / "work"
+    shutil.copytree(one_run_finished, workdir, symlinks=True)
+    finished = _interrupt_during_a_capture(workdir, signum)
     assert finished, "some runs had finished before the signal"
     # A killed Snakemake leaves its lock behind: the documented resume is unlock + rerun.
-    snakemake(tmp_path, "--unlock", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
-    snakemake(tmp_path, "--cores", "2", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
+    snakemake(workdir, "--unlock", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
+    snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
 
     # the uninterrupted run, asked for only now: another worker may still be making it
     smoke_workdir: Path = request.getfixturevalue("smoke_workdir")
-    results, reference = tmp_path / RESULTS, smoke_workdir / RESULTS
+    results, reference = workdir / RESULTS, smoke_workdir / RESULTS
     for path, mtime in finished.items():
         assert Path(path).stat().st_mtime_ns == mtime, f"recomputed: {path}"
     summary = pd.read_csv(results / "summary.csv").set_index("run").sort_index()

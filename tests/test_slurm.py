@@ -74,7 +74,7 @@ def slurm_run(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: Path,
     workdir = tmp_path_factory.mktemp("on_slurm")
     done = snakemake(workdir, *smoke_args(
         "--workflow-profile", str(SLURM_PROFILE),
-        "--slurm-init-seconds-before-status-checks", "2",  # a test cluster answers at once
+        "--slurm-init-seconds-before-status-checks", "1",  # a test cluster answers at once
         "--verbose",  # the executor logs each sbatch call
     ))
     return workdir, done.stdout + done.stderr

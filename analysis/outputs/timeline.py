@@ -330,12 +330,12 @@ def _hatched(start: float, top: float, width: float) -> Rectangle:
 
 def _legend(fig, gpus: list) -> None:
     present = sorted({int(c) for g in gpus for c in np.unique(g.category).tolist()})
-    handles = [Patch(color=style.CATEGORY_COLORS[CATEGORIES[c]], label=CATEGORIES[c])
+    # communication kernels are hatched in the rows: so is their legend entry
+    handles = [Patch(facecolor=style.CATEGORY_COLORS[CATEGORIES[c]], label=CATEGORIES[c],
+                     edgecolor="#1F4E79" if c == COMMUNICATION else "none",
+                     hatch="////" if c == COMMUNICATION else None, linewidth=0)
                for c in present]
     handles += [Patch(color=LAUNCH_COLOR, label="launch call"),
                 Patch(color=OTHER_API_COLOR, label="other CUDA API call")]
-    if any((g.category == COMMUNICATION).any() for g in gpus):
-        handles.append(Patch(facecolor="white", edgecolor="#1F4E79", hatch="////",
-                             label="communication"))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
                fontsize=7, frameon=False)
