@@ -92,3 +92,4 @@ def test_idle_gpu_time_is_white(case: str) -> None:
     expected = _busy_columns(CASES[case][0][0], lo, hi, tl.edges)
     assert 0.02 < 1 - expected.mean(), "the step has idle time to show"
     assert (drawn == expected).all()
+

@@ -135,23 +135,35 @@ def step_of(r: RankEvents) -> tuple[int, int, int | None]:
     return int(steps[i, 0]), int(steps[i, 1]), chosen[i]
 
 
-def _rank_rows(r: RankEvents, lo: int, hi: int, edges: np.ndarray, prefix: str
-               ) -> list[Row]:
-    """The rows of one rank (times on the figure's clock, ns)."""
+def _own_step(r: RankEvents, index: int | None, lo: int, hi: int) -> tuple[int, int]:
+    """This rank's own span of the figure's step (ns, on the figure's clock): the phase and
+    layer bands end there, so the next step's first ops of an earlier rank do not stretch
+    them over the whole window."""
+    if index is None or index >= len(r.window.steps):
+        return lo, hi
+    return (int(r.window.steps[index, 0]) + r.offset_ns,
+            int(r.window.steps[index, 1]) + r.offset_ns)
+
+
+def _rank_rows(r: RankEvents, lo: int, hi: int, edges: np.ndarray, prefix: str,
+               own: tuple[int, int] | None = None) -> list[Row]:
+    """The rows of one rank (times on the figure's clock, ns); ``own``: its own step."""
     g, shift = r.gpu, r.offset_ns
     gs, ge = g.start + shift, g.end + shift
     inside = (ge > lo) & (gs < hi)
+    own_lo, own_hi = own or (lo, hi)
+    in_step = (ge > own_lo) & (gs < own_hi)
     rows: list[Row] = []
     # phases as tints named in place: their hues are the kernel categories' palette too, and
     # a full-strength "forward" band would read as a run of GEMMs
     phase_colors = {p: _tint(style.PHASE_COLORS[_PHASE_LABEL[name]])
                     for p, name in enumerate(PHASES)}
-    if (g.phase[inside] >= 0).any():
-        rgb, bands = _spans(gs[inside], ge[inside], g.phase[inside], phase_colors, edges)
+    if (g.phase[in_step] >= 0).any():
+        rgb, bands = _spans(gs[in_step], ge[in_step], g.phase[in_step], phase_colors, edges)
         names = [_PHASE_LABEL[name] for name in PHASES]
         rows.append(Row(f"{prefix}phase", rgb, bands=bands,
                         layer_labels=_band_labels(bands, names, edges)))
-    layer_row = _layer_row(r, inside, gs, ge, edges, prefix)
+    layer_row = _layer_row(r, in_step, gs, ge, edges, prefix)
     if layer_row is not None:
         rows.append(layer_row)
     cat_colors = {i: style.CATEGORY_COLORS[c] for i, c in enumerate(CATEGORIES)}
@@ -261,7 +273,7 @@ def timeline(ranks: list[RankEvents], name: str = "") -> Timeline | None:
     groups = []
     for r in ranks:
         prefix = f"rank {r.rank}  " if len(ranks) > 1 or r.rank is not None else ""
-        groups.append(_rank_rows(r, lo, hi, edges, prefix))
+        groups.append(_rank_rows(r, lo, hi, edges, prefix, _own_step(r, index, lo, hi)))
     return Timeline(groups, edges, index, _title(ranks, index, lo, hi, name))
 
 
