@@ -93,3 +93,33 @@ def test_idle_gpu_time_is_white(case: str) -> None:
     assert 0.02 < 1 - expected.mean(), "the step has idle time to show"
     assert (drawn == expected).all()
 
+
+
+def test_a_ranks_bands_stay_inside_its_own_step() -> None:
+    """Both ranks of a real two-GPU DDP capture (H200 pair) on one clock: the figure spans
+    both ranks' step, and each rank's phase and layer bands end within that rank's own step
+    (the next step's first ops of the rank that finished first must not stretch its forward
+    and layer bands over the window)."""
+    folder = FIXTURES / "h200x2" / "gpt_small_ddp2_2gpu"
+    ranks = read_ranks(sorted(folder.glob("profile.rank*.sqlite")),
+                       run=RunInputs.load(folder / "times.json", None))
+    tl = timeline(ranks)
+    assert tl is not None and tl.step is not None and len(tl.groups) == 2
+    for r, rows in zip(ranks, tl.groups, strict=True):
+        start = int(r.window.steps[tl.step, 0]) + r.offset_ns
+        end = int(r.window.steps[tl.step, 1]) + r.offset_ns
+        bands = [b for row in rows if row.label.endswith(("phase", "layer")) for b in row.bands]
+        assert bands
+        assert all(a >= start and b <= end for _, a, b in bands), r.rank
+        phase = next(row for row in rows if row.label.endswith("phase"))
+        keys = [k for k, _, _ in phase.bands]
+        assert len(keys) == len(set(keys)), "a phase drawn twice"
+    # the window holds GPU work of a rank outside its own step (what the bands must skip)
+    outside = 0
+    for r in ranks:
+        start = int(r.window.steps[tl.step, 0]) + r.offset_ns
+        end = int(r.window.steps[tl.step, 1]) + r.offset_ns
+        gs = r.gpu.start + r.offset_ns
+        outside += int(((gs >= end) & (gs < tl.edges[-1])).sum() + ((gs < start) & (
+            gs >= tl.edges[0])).sum())
+    assert outside > 0
