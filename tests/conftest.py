@@ -5,11 +5,14 @@ process of its own with its own session fixtures)."""
 from __future__ import annotations
 
 import fcntl
+import getpass
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +69,19 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
                 raise
             done.touch()
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def inductor_cache_of_this_user() -> None:
+    """Inductor's cache where a pipeline's jobs keep it outside the tests: torch's default,
+    $TMPDIR/torchinductor_<user> of this process (the tests' own compiles use it too), not
+    under the private TMPDIR each test pipeline gets for Nsight Systems (`private_tmpdir`). So
+    a test pipeline compiles as a user's rerun does, and what any cold cache costs once (a
+    tiny model's first compile takes about 20 s of CPU more than the next) is not paid again
+    by every pipeline. A cache named by the environment is kept."""
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
 
 
 @pytest.fixture(scope="session")

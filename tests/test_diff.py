@@ -434,9 +434,12 @@ def test_published_standard_runs_are_within_noise(tmp_path: Path) -> None:
             "within noise": 90}  # and the run that ran out of memory on both sides
         assert both["status"].ne("ok").sum() == 1
         assert (both.loc[FORMERLY_SLOWER, "verdict"] == "within noise").all()
-        # +20% with CIs apart: the processes of a side are 14% apart, the floor is 42%
-        fa = both.loc["fa_cudnn_b16_h16_s1024_d128_causalTrue_forward_backward"]
-        assert bool(fa["cis_separate"]) and abs(fa["change_pct"]) < fa["noise_floor_pct"]
+        # CIs apart is not enough: each such run changed less than its noise floor (the
+        # spread of a side's own processes), e.g. GPT small's TF32 rung by about 30%
+        apart = both[both["cis_separate"].astype(bool) & both["change_pct"].notna()]
+        assert len(apart) >= 5
+        assert (apart["change_pct"].abs() < apart["noise_floor_pct"]).all()
+        assert (apart["change_pct"].abs() > diff.DEFAULT_THRESHOLD_PCT).any()
     # quiet runs keep a floor at the threshold: the rule is not blind everywhere
     assert (both["noise_floor_pct"] == diff.DEFAULT_THRESHOLD_PCT).sum() >= 20
 

@@ -1,5 +1,5 @@
 """``compile_blocks: once`` for `workload: model`: the structure's layers share one nested
-compile region (workloads/models/model.py: compile_once), traced once whatever the depth,
+compile region (workloads/models/parts.py: compile_once), traced once whatever the depth,
 computing what eager computes; layers of several classes are refused, naming them. CPU, real
 torch.compile, the CS336 example model."""
 
@@ -12,7 +12,7 @@ from torch._dynamo.utils import counters
 from pipeline.config import resolve
 from workloads.models import RunSettings, cs336_lm, options_of
 from workloads.models import model as model_workload
-from workloads.models.model import compile_once
+from workloads.models.parts import compile_once
 from workloads.status import Unsupported
 from workloads.steps import Speed
 

@@ -19,8 +19,8 @@
   last is the one the others wait for;
 * ``--comm skip``: every collective replaced by its local result (no communication, the same
   compute), the untraced bound the synchronized step is compared with;
-* ``--straggle_ms`` (a test knob): rank ``--straggle_rank`` sleeps that long at the start of
-  every step, a straggler of known size;
+* ``--straggle_ms`` (a test knob): rank ``--straggle_rank`` sleeps that long before its first
+  collective of every step, a straggler of known size;
 * the record: rank 0 writes the run's JSON (the schema of every run, with
   ``tokens_per_s`` over all ranks) plus every rank's step times and arrivals (gathered after
   the measured steps, so stragglers are known untraced too); ranks > 0 write
@@ -115,7 +115,6 @@ class Arrivals:
 
     cuda: bool = False
     start: Any = None
-    waiting: bool = False  # the step's first collective is still to come
     pairs: list[tuple[Any, Any]] = field(default_factory=list)
 
     def _mark(self) -> Any:
@@ -125,15 +124,11 @@ class Arrivals:
             return event
         return time.perf_counter()
 
-    def step_started(self, measuring: bool) -> None:
-        self.waiting = measuring
-        if measuring:
-            self.start = self._mark()
+    def started(self) -> None:
+        self.start = self._mark()
 
-    def collective_issued(self) -> None:
-        if self.waiting:
-            self.waiting = False
-            self.pairs.append((self.start, self._mark()))
+    def arrived(self) -> None:
+        self.pairs.append((self.start, self._mark()))
 
     def ms(self) -> list[float]:
         """Each measured step's arrival (ms); read after the steps' synchronization."""
@@ -145,18 +140,41 @@ class Arrivals:
 @dataclass
 class CommLog:
     """Every collective this rank issued: (op, bytes) -> count, for the record, and the
-    steps' arrivals. With ``skip`` (``--comm skip``) the collectives are not issued."""
+    steps' arrivals. With ``skip`` (``--comm skip``) the collectives are not issued. With a
+    ``delay_s`` (the straggler knob), the rank waits that long before each step's first
+    collective."""
 
     counts: Counter = field(default_factory=Counter)
     measuring: bool = False
     skip: bool = False
     arrivals: Arrivals = field(default_factory=Arrivals)
+    delay_s: float = 0.0
+    first_pending: bool = False  # the step's first collective is still to come
+
+    def step_started(self) -> None:
+        self.first_pending = True
+        if self.measuring:
+            self.arrivals.started()
 
     def opened(self, op: str, nbytes: int) -> Any:
+        if self.first_pending:
+            self.first_pending = False
+            self._straggle()
+            if self.measuring:
+                self.arrivals.arrived()
         if self.measuring:
             self.counts[(op, nbytes)] += 1
-        self.arrivals.collective_issued()
         return nvtx.start_range(COMM_RANGE.format(op=op, nbytes=nbytes))
+
+    def _straggle(self) -> None:
+        """The straggler's delay, where its peers wait for it: before the step's first
+        collective, after the same work as theirs (done side by side with theirs, so a busy
+        machine slows both alike). On a GPU the host first waits for its queued work: the
+        device then idles exactly ``delay_s`` before the collective."""
+        if self.delay_s > 0:
+            if self.arrivals.cuda:
+                torch.cuda.synchronize()
+            time.sleep(self.delay_s)
 
     def record(self, steps: int) -> list[dict[str, Any]]:
         return [{"op": op, "bytes": nbytes, "per_step": count / steps}
@@ -341,21 +359,10 @@ class DistributedRun:
             self.fsdp_comm_ranges = True
         return root
 
-    @property
-    def straggles(self) -> bool:
-        """This rank is the one ``--straggle_ms`` slows."""
-        knobs = Knobs.of(self.args)
-        return knobs.straggle_ms > 0 and self.rank == knobs.straggle_rank
-
     def before_step(self) -> None:
         """At the start of every warm-up and measured step (workloads/runner.py): the step's
-        start, from which its arrival is timed, then the straggler's delay. A sleep before any
-        of the step's work: on a GPU, idle after the previous step's synchronization, the
-        rank's whole step starts ``straggle_ms`` late (its host queues nothing meanwhile), so
-        every peer waits that long in the step's first collective."""
-        self.log.arrivals.step_started(self.log.measuring)
-        if self.straggles:
-            time.sleep(Knobs.of(self.args).straggle_ms / 1e3)
+        start, from which its arrival is timed and after which the straggler's delay comes."""
+        self.log.step_started()
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
@@ -453,6 +460,8 @@ def start(args: argparse.Namespace, device: torch.device) -> DistributedRun:
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(backend, **kwargs)
-    log = CommLog(skip=Knobs.of(args).comm == "skip",
-                  arrivals=Arrivals(cuda=device.type == "cuda"))
+    knobs = Knobs.of(args)
+    straggles = knobs.straggle_ms > 0 and rank == knobs.straggle_rank
+    log = CommLog(skip=knobs.comm == "skip", arrivals=Arrivals(cuda=device.type == "cuda"),
+                  delay_s=knobs.straggle_ms / 1e3 if straggles else 0.0)
     return DistributedRun(args, device, rank, local_rank, world, backend, log=log)

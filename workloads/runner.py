@@ -89,7 +89,7 @@ def run_steps(
     state snapshots), so they cost the steps nothing and stay out of the capture.
     ``op_ranges`` (off / on / shapes): PyTorch's op ranges around the measured steps.
     ``before_step`` starts every warm-up and measured step, inside its time (a distributed
-    rank's step start and straggler delay, workloads/parallel.py).
+    rank marks its step's start there, workloads/parallel.py).
     """
     begin = before_step or (lambda: None)
     if warmup < 0 or steps < 1:

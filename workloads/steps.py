@@ -500,7 +500,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     if depth and os.environ.get(CAPTURE_ENV) == "1":
         ranges = module_ranges.ModuleRanges(model, depth)
     if options.compile_blocks == "once" and speed.compile_mode != "off":
-        from workloads.models.model import compile_once
+        from workloads.models.parts import compile_once
 
         compile_once(structure.layer_modules(model))  # before DDP/FSDP wrap the layers
     wrapped = model if run.wrap is None else run.wrap(

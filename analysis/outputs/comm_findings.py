@@ -112,7 +112,7 @@ def with_gain(ctx: Context, f: Finding, key: str | None,
     return measure_gain(ctx, f, other, [Fix(f.fix, {key: (ctx.params(other).get(key),)})])
 
 
-def _fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
+def fix_key(row: dict[str, Any]) -> tuple[str | None, str]:
     """The setting whose variant measures the fix (None: no such setting), and the fix."""
     prefetch = ("explicit prefetch (set_modules_to_forward_prefetch / backward_prefetch) "
                 "issues the next layer's all-gather earlier")
@@ -144,17 +144,12 @@ def _untraced_comm(row: dict[str, Any]) -> str:
             f"{row['untraced_comm_ms']:.3g} ms shorter")
 
 
-def _untraced_straggler(row: dict[str, Any]) -> str:
-    if row.get("untraced_straggler_rank") is None:
-        return ""
-    return (f"; untraced, rank {int(row['untraced_straggler_rank'])} reaches its first "
-            f"collective {row['untraced_straggler_ms']:.3g} ms after the others")
 
 
 @_past("exposed_comm_share", EXPOSED_COMM_SHARE, above=True)
 def exposed_communication(ctx: Context, run: str, row: dict[str, Any], share: float
                           ) -> Iterator[Finding]:
-    key, fix = _fix_key(row)
+    key, fix = fix_key(row)
     f = _finding(run, "exposed_communication", "exposed_comm_share", share,
                  EXPOSED_COMM_SHARE,
                  f"{share:.0%} of the step is communication nothing overlaps "
@@ -164,14 +159,32 @@ def exposed_communication(ctx: Context, run: str, row: dict[str, Any], share: fl
     yield with_gain(ctx, f, key)
 
 
-@_past("straggler_share", STRAGGLER_SHARE, above=True)
-def straggler_rank(ctx: Context, run: str, row: dict[str, Any], share: float
-                          ) -> Iterator[Finding]:
-    yield _finding(run, "straggler_rank", "straggler_share", share, STRAGGLER_SHARE,
-                   f"rank {int(row['straggler_rank'])} reaches the collectives "
-                   f"{row['straggler_ms']:.3g} ms after the others per step ({share:.0%} of "
-                   "the step): they wait for it"
-                   f"{_untraced_straggler(row)}{capture_caveat(row)}", STRAGGLER_FIX)
+def straggler_column(row: dict[str, Any]) -> str:
+    """The straggler's share the finding rests on: the untraced arrivals' where the timing
+    processes recorded them (the step a user gets), else the capture's."""
+    return ("untraced_straggler_share" if row.get("untraced_straggler_share") is not None
+            else "straggler_share")
+
+
+def straggler_rank(ctx: Context, run: str) -> Iterator[Finding]:
+    row = _row(ctx, run)
+    if not row or row.get("comm") == "skip":
+        return
+    column = straggler_column(row)
+    share = row.get(column)
+    if share is None or share <= STRAGGLER_SHARE:
+        return
+    captured = (f"rank {int(row['straggler_rank'])} reaches the collectives "
+                f"{row['straggler_ms']:.3g} ms after the others per step"
+                if row.get("straggler_rank") is not None else None)
+    if column == "straggler_share":
+        title = f"{captured} ({share:.0%} of the step): they wait for it{capture_caveat(row)}"
+    else:
+        title = (f"rank {int(row['untraced_straggler_rank'])} reaches its first collective "
+                 f"{row['untraced_straggler_ms']:.3g} ms after the others per step "
+                 f"({share:.0%} of the step, untraced): they wait for it"
+                 + (f"; in the capture, {captured}{capture_caveat(row)}" if captured else ""))
+    yield _finding(run, "straggler_rank", column, share, STRAGGLER_SHARE, title, STRAGGLER_FIX)
 
 
 @_past("busbw_vs_calibrated", BUSBW_RATIO, above=False)
@@ -186,7 +199,7 @@ def slow_collectives(ctx: Context, run: str, row: dict[str, Any], ratio: float
            "spread; fewer, larger buckets (bucket_cap_mb) move more bytes per launch")
     finding = _finding(run, "slow_collectives", "busbw_vs_calibrated", ratio, BUSBW_RATIO,
                        reached, why)
-    yield with_gain(ctx, finding, _fix_key(row)[0], toward=_larger_buckets)
+    yield with_gain(ctx, finding, fix_key(row)[0], toward=_larger_buckets)
 
 
 def _larger_buckets(mine: Any, theirs: Any) -> bool:
@@ -207,4 +220,4 @@ COMM_RULES: list[Rule] = [
     exposed_communication, straggler_rank, slow_collectives, poor_scaling,
 ]
 
-__all__ = ["COMM_RULES", "capture_caveat"]
+__all__ = ["COMM_RULES", "capture_caveat", "fix_key", "straggler_column"]

@@ -60,9 +60,9 @@ class Options:
                 "communication and the same compute: the synchronized run's step minus this "
                 "one is the untraced cost of communication (docs/distributed.md)"})
     straggle_ms: float = field(default=0.0, metadata={
-        "help": "test knob, DDP/FSDP: rank straggle_rank sleeps this long at the start of "
-                "every warm-up and measured step, so the others wait for it in the step's "
-                "first collective (0: off)", "minimum": 0})
+        "help": "test knob, DDP/FSDP: rank straggle_rank sleeps this long before its first "
+                "collective of every warm-up and measured step, so the others wait for it "
+                "there (0: off)", "minimum": 0})
     straggle_rank: int = field(default=0, metadata={
         "help": "the rank straggle_ms slows", "minimum": 0})
     compile_blocks: Literal["each", "once", "regional"] = field(default="each", metadata={

@@ -129,28 +129,3 @@ def build(options: Options, run: Any) -> Any:
     return build_model_step(options, run, load_factory(options.factory))
 
 
-def compile_once(layers: list[Any]) -> None:
-    """Make the layers' forward one nested compile region (``compile_blocks: once``):
-    torch.compile traces and compiles it in the first layer and reuses that code in every
-    other one, forward and backward, as the GPT's ``BlockCompiledOnce``. Each layer becomes
-    an instance of one subclass of its class whose forward is the marked region, so the
-    region is one function for all of them. Eager, nothing changes."""
-    import torch
-
-    from workloads.status import Unsupported
-
-    if not layers:
-        raise ValueError("compile_blocks once needs layers: set `layers` or return a "
-                         "structure from the factory")
-    classes = sorted({type(layer) for layer in layers}, key=lambda c: c.__qualname__)
-    if len(classes) > 1:
-        names = ", ".join(c.__qualname__ for c in classes)
-        raise Unsupported(f"compile_blocks once compiles one layer for all: the layers are "
-                          f"of {len(classes)} classes ({names}); use compile_blocks each or "
-                          "regional, or name layers of one class in `layers`")
-    cls = classes[0]
-    region = type(f"{cls.__name__}CompiledOnce", (cls,), {
-        "forward": torch.compiler.nested_compile_region(cls.forward),
-        "__module__": cls.__module__})
-    for layer in layers:
-        layer.__class__ = region
