@@ -55,9 +55,9 @@ smoke: setup
 	$(SNAKEMAKE) --cores 2 --configfile tests/smoke.yaml
 	$(SNAKEMAKE) --configfile tests/smoke.yaml --report results/smoke/report.html
 
-# Two pytest-xdist workers (CI has 2 cores), each test file whole on one of them: the image
-# build and the pipeline run inside it start first on one, the Slurm cluster and the rest run
-# on the other (tests/conftest.py orders the files). TEST_WORKERS=0: one process.
+# Two pytest-xdist workers (CI has 2 cores), each test file whole on one of them: the smoke
+# run starts on one, the Slurm cluster and then the image's run on the other, the rest follows
+# (tests/conftest.py orders the files). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 # The system tools (scripts/install-test-deps.sh: apt packages, Nsight Systems, Slurm) install
 # while the venv is set up: the two share nothing and each waits mostly on downloads. The

@@ -41,7 +41,7 @@ held by other jobs and keeps them until it exits. CMD gets them as CUDA_VISIBLE_
 becomes that of its GPU's server, and RESULT.json records them (``assigned_gpus``).
 
 A command that fails the way nsys does when it loses its own agent while a session starts
-(exit 1 within seconds, no record written, "Connection to Agent lost" or "End of file") is
+(exit 1 or 0 within seconds, no record written, "Connection to Agent lost" or "End of file") is
 started once more before it is judged: nothing of the run existed yet.
 
 Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
@@ -648,13 +648,14 @@ def _install_stop_handlers() -> None:
 
 
 def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
-    """nsys lost its agent while the session started: quick exit 1, no record of the run.
+    """nsys lost its agent while the session started: a quick exit (1, or 0: nsys has also
+    exited 0 after "Connection to Agent lost"), no record of the run.
     Under torchrun (one nsys per rank), torchrun's own start-up comes first, and a rank that
     only saw its peer's nsys fail, stopped by torchrun, may have recorded just that."""
     under_torchrun = _torchrun_report_at(outcome.tail) is not None
     window = START_FAILURE_MAX_S + (TORCHRUN_START_S if under_torchrun else 0.0)
     nothing_recorded = own is None or (under_torchrun and launch.only_stopped(own))
-    return (outcome.returncode == 1 and not outcome.timed_out and nothing_recorded
+    return (outcome.returncode in (0, 1) and not outcome.timed_out and nothing_recorded
             and outcome.elapsed_s < window
             and any(NSYS_START_FAILURE.search(line.strip()) for line in outcome.tail))
 

@@ -13,9 +13,12 @@
 # keeps the files it replaces in DIR/etc-backup and stop puts them back (or removes ours).
 # sacct needs slurmdbd, and slurmdbd a database: MariaDB runs from DIR on a Unix socket and
 # 127.0.0.1:$PROFBENCH_SLURM_DB_PORT (default 33061). No cgroups (containers rarely allow
-# them): proctrack/linuxproc and task/none. The node advertises one GPU (gres/gpu, Count=1, no
-# device file), so `--gpus=1` jobs schedule on a machine without one; the CPU smoke jobs do
-# not touch it.
+# them): proctrack/linuxproc and task/none. The node advertises four GPUs (gres/gpu, each a
+# character device that is /dev/null: DIR/dev/gpu0..3), so `--gpus=N` jobs schedule on a
+# machine without one and get CUDA_VISIBLE_DEVICES as on a GPU node; the CPU smoke jobs do not
+# touch them. Four, not one: GPU jobs then run side by side as on a cluster (limited by the
+# node's CPUs), and analysis jobs are not held back behind GPU jobs waiting for the one GPU
+# (Slurm's main scheduler starts no job after the first one that must wait in a partition).
 set -euo pipefail
 
 ETC=/etc/slurm
@@ -58,7 +61,9 @@ write_configs() {
   host=$(hostname -s)
   cpus=$(nproc)
   mkdir -p "$dir"/{etc,state,spool,log,run,munge,mysql,dev}
-  for i in 0 1 2 3; do [ -e "$dir/dev/gpu$i" ] || mknod "$dir/dev/gpu$i" c 1 3; done
+  for i in 0 1 2 3; do  # /dev/null's major and minor
+    [ -e "$dir/dev/gpu$i" ] || mknod "$dir/dev/gpu$i" c 1 3
+  done
   cat > "$dir/etc/slurm.conf" <<EOF
 # $MARK for a throwaway test cluster (state in $dir).
 ClusterName=profbench
@@ -84,7 +89,6 @@ AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,bf_resolution=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides

@@ -22,13 +22,17 @@ REPO = Path(__file__).resolve().parent.parent
 SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 
 # `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a
-# file's module fixtures are made once), in collection order. The files that take longest
-# come first: the image build and the pipeline run inside it start at once on one worker
-# while the other makes the host smoke run (test_pipeline.py), which the container tests
-# compare with, then starts the Slurm cluster (mostly waiting on its status checks).
-FIRST_FILES = ("test_container.py", "test_pipeline.py", "test_slurm.py", "test_distributed.py",
-               "test_resume.py", "test_resume_anywhere.py", "test_diff.py", "test_workloads.py",
-               "test_launch.py", "test_forkserver.py", "test_model_workload.py")
+# file's module fixtures are made once), in collection order, the next file to the first
+# worker with at most two tests left. The files that take longest come first. The smoke run
+# (test_pipeline.py), which several files compare with, and the Slurm cluster (mostly waiting
+# on its jobs) start at once; the container tests come next, on the worker that ran the
+# cluster, so they find the smoke run made when they compare the image's run with it instead
+# of waiting for it.
+FIRST_FILES = ("test_pipeline.py", "test_slurm.py", "test_container.py",
+               "test_resume_anywhere.py", "test_resume.py", "test_model_workload.py",
+               "test_distributed.py", "test_forkserver.py", "test_diff.py", "test_workloads.py",
+               "test_compile_blocks.py", "test_model_compile_once.py", "test_config.py",
+               "test_model_examples.py", "test_launch.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
