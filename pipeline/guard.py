@@ -90,12 +90,13 @@ OOM_OUTPUT = re.compile(
     re.IGNORECASE,
 )
 # Nsight Systems (2024.2 here) now and then loses its own agent, or cannot reach it, while a
-# session starts on a busy machine (several captures at once): it exits 1 within a fraction of
-# a second, before the workload ran, saying one of these. Nothing of the run exists yet, so
-# the guard starts the command again (up to START_RETRIES times).
+# session starts on a busy machine (several captures at once): it exits 1 (or 0) before the
+# workload ran, saying one of these; within a fraction of a second on a quiet machine, after
+# 10 s on a saturated 2-core one. Nothing of the run exists yet, so the guard starts the
+# command again (up to START_RETRIES times).
 NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
-START_FAILURE_MAX_S = 5.0
+START_FAILURE_MAX_S = 30.0
 START_RETRIES = 2
 WATCH_S = 0.02  # how often the guard looks for a repeat's record, to start the next one
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
