@@ -13,7 +13,7 @@
 #   <run>/distributed/                      the cross-rank analysis (analysis/metrics/ranks.py)
 # and, per results folder: calibration_allreduce_<N>ranks.json (all-reduce sweep),
 # distributed.csv (scaling, exposed communication, overlap, stragglers, bandwidth) and the
-# figures plots/rank_timeline.png, plots/comm_bandwidth.png.
+# figures plots/rank_timeline.png, plots/comm_bandwidth.png, plots/scaling.png.
 DISTRIBUTED = PLAN.distributed  # run -> ranks
 PROFILED_DISTRIBUTED = {run: n for run, n in DISTRIBUTED.items() if run in PROFILED}
 RANK_COUNTS = sorted(set(DISTRIBUTED.values()))
@@ -26,7 +26,7 @@ COMM_CALIBRATIONS = (
     else []
 )
 DISTRIBUTED_TABLES = ["rank_steps", "ranks", "steps", "collectives"]
-DISTRIBUTED_PLOTS = ["rank_timeline", "comm_bandwidth"]
+DISTRIBUTED_PLOTS = ["rank_timeline", "comm_bandwidth", "scaling"]
 # the overview shows them among its key figures (analysis/outputs/overview.py)
 DISTRIBUTED_PLOT_FILES = (
     expand(f"{RESULTS}/plots/{{name}}.png", name=DISTRIBUTED_PLOTS) if DISTRIBUTED else []

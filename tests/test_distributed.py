@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -119,9 +120,11 @@ def test_fsdp2_runs_on_gloo_with_its_collectives(results: Path) -> None:
     times = json.loads((results / "gpt_tiny_fsdp2" / "times.json").read_text())
     assert {c["op"] for c in times["collectives"]} == {"all_gather", "reduce_scatter"}
     ddp = json.loads((results / STRAGGLER / "times.json").read_text())
-    # one bucket of all fp32 gradients (the tiny model is under the 25 MB cap), once a step
-    assert ddp["collectives"] == [{"op": "all_reduce", "bytes": 4 * ddp["params_count"],
-                                   "per_step": 1.0}]
+    # the fp32 gradients in buckets of at most 0.1 MB (the run's cap), each once a step
+    assert sum(c["bytes"] * c["per_step"] for c in ddp["collectives"]) == 4 * ddp["params_count"]
+    assert {c["op"] for c in ddp["collectives"]} == {"all_reduce"}
+    assert sorted(ddp["distributed"]["buckets"]) == sorted(
+        c["bytes"] for c in ddp["collectives"] for _ in range(int(c["per_step"])))
 
 
 def test_one_capture_and_every_report_per_rank(results: Path) -> None:
@@ -168,8 +171,8 @@ def test_cross_rank_tables(results: Path) -> None:
     ddp = table.loc[STRAGGLER]
     metrics = json.loads((results / STRAGGLER / "distributed" / "metrics.json").read_text())
     assert ddp["exposed_comm_ms"] == pytest.approx(metrics["exposed_comm_ms"])
-    assert ddp["allreduce_bytes"] == json.loads(
-        (results / STRAGGLER / "times.json").read_text())["collectives"][0]["bytes"]
+    assert ddp["allreduce_bytes"] == max(json.loads(
+        (results / STRAGGLER / "times.json").read_text())["distributed"]["buckets"])
     # the sweep's bus bandwidth at the same size, interpolated in log2(size)
     cal = json.loads((results / "calibration_allreduce_2ranks.json").read_text())
     expected = np.interp(np.log2(ddp["allreduce_bytes"]),
@@ -557,6 +560,52 @@ def _gpu_sweep(export: Path) -> list[tuple[float, float | None]]:
     events = [("comm" if "nccl" in name.lower() else "op", s, e) for name, s, e in kernels]
     events += [("op", s, e) for s, e in others]
     return [_sweep(events, lo, hi) for lo, hi in steps]
+
+
+def _all_reduce_sizes_per_step(tl: Any) -> list[list[int]]:
+    """Each step's all-reduce message sizes, in the order the all-reduces ran."""
+    c = tl.collectives
+    return [[int(c.nbytes[j]) for j in sorted(
+        (j for j in range(len(c.op)) if c.op[j] == "all_reduce" and lo <= c.start[j] < hi),
+        key=lambda j: c.start[j])] for lo, hi in tl.steps.tolist()]
+
+
+@pytest.mark.parametrize("stem", ["gpt_small_ddp2_rank1", "gpt_small_ddp2_2gpu/profile.rank0",
+                                  "gpt_small_ddp2_2gpu/profile.rank1"])
+def test_ddp_bucket_order_gives_each_nccl_all_reduce_its_size(stem: str) -> None:
+    """DDP on NCCL runs without comm ranges; a capture's all-reduce kernels then take their
+    sizes from the record's buckets in order. On real H200 captures made with the ranges, the
+    sizes the ranges give every step are one sequence, and the order alone gives them back."""
+    from analysis.metrics.ranks import bucket_sizes, rank_timeline
+    from analysis.reading import Export
+
+    with Export(H200X2 / f"{stem}.sqlite") as ex:
+        tl = rank_timeline(ex)
+    by_ranges = _all_reduce_sizes_per_step(tl)
+    buckets = by_ranges[0]
+    assert len(buckets) > 3 and min(buckets) > 0  # GPT small: several 25 MB buckets
+    assert all(sizes == buckets for sizes in by_ranges)
+    tl.collectives.nbytes[:] = -1  # what a capture without the ranges has
+    bucket_sizes(tl, buckets)
+    assert _all_reduce_sizes_per_step(tl) == by_ranges
+    tl.collectives.nbytes[:] = -1  # a bucket list that does not fit leaves sizes unknown
+    bucket_sizes(tl, buckets[1:])
+    assert (tl.collectives.nbytes == -1).all()
+
+
+def test_ddp_buckets_are_the_order_of_its_all_reduces(results: Path) -> None:
+    """On gloo: the record's buckets (several: the straggler run's 0.1 MB cap) are the sizes
+    of every step's comm ranges in the order they ran, and all of the gradients."""
+    from analysis.metrics.ranks import rank_timeline
+    from analysis.reading import Export
+
+    times = json.loads((results / STRAGGLER / "times.json").read_text())
+    buckets = times["distributed"]["buckets"]
+    assert len(buckets) > 1 and sum(buckets) == 4 * times["params_count"]
+    for rank in range(RANKS):
+        with Export(results / STRAGGLER / f"profile.rank{rank}.sqlite") as ex:
+            sizes = _all_reduce_sizes_per_step(rank_timeline(ex))
+        assert sizes == [buckets] * steps_of(STRAGGLER)
 
 
 @pytest.mark.parametrize("stem", ["gpt_small_ddp2_rank1", "gpt_small_fsdp2_rank0"])

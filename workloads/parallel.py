@@ -6,21 +6,29 @@
 * ``--parallel ddp`` wraps the GPT in ``DistributedDataParallel`` (``bucket_cap_mb``);
   ``--parallel fsdp`` shards every block and then the root with FSDP2's ``fully_shard``
   (``reshard_after_forward``), before the optimizer is built;
-* each explicit collective (DDP's bucket all-reduce in a comm hook, FSDP2's all-gather and
-  reduce-scatter through its custom-comm hooks) is an NVTX start/end range
+* DDP on NCCL reduces its buckets with its built-in C++ all-reduce: a Python comm hook, even
+  PyTorch's own ``allreduce_hook``, made the 2.7B step 20-25% slower and twice as variable on
+  H200s (benchmarks/distributed_bisect.py; the C++ hook's reason to exist, pytorch#46348).
+  The record lists the buckets in the order DDP reduces them (``distributed.buckets``), which
+  is the order of the ``nccl`` all-reduce kernels in each step of a capture: the analysis
+  takes each kernel's message size from it;
+* every other explicit collective (DDP's bucket all-reduce on gloo, in a comm hook; FSDP2's
+  all-gather and reduce-scatter through its custom-comm hooks) is an NVTX start/end range
   ``comm <op> <bytes>B``, opened when the collective is issued and closed when its future
   completes: on gloo that is the communication itself (it runs on gloo's threads); on NCCL it
   is only the launch, and the ``nccl`` kernels are the communication;
 * in a capture on the CPU (``PROFBENCH_OP_RANGES=1``, set by the distributed profile rule),
   one range per operator (``aten::mm, op_id = N``: the op capture's dispatch-mode ranges,
   workloads/op_ranges.py): the compute side of the CPU timeline (analysis/metrics/ranks.py);
-* per measured step, each rank's *arrival*: the time from the step's start to its first
-  collective (CUDA events on a GPU, the host clock on a CPU), untraced: the rank that arrives
-  last is the one the others wait for;
-* ``--comm skip``: every collective replaced by its local result (no communication, the same
-  compute), the untraced bound the synchronized step is compared with;
-* ``--straggle_ms`` (a test knob): rank ``--straggle_rank`` sleeps that long before its first
-  collective of every step, a straggler of known size;
+* per measured step, each rank's *arrival*: the time from the step's start to where its
+  collectives begin (CUDA events on a GPU, the host clock on a CPU), untraced: the rank that
+  arrives last is the one the others wait for. FSDP: its first collective; DDP: the end of
+  its forward (its all-reduces follow in backward, after the same work on every rank);
+* ``--comm skip``: no communication, the same compute, the untraced bound the synchronized
+  step is compared with: DDP skips gradient synchronization as ``no_sync()`` does; FSDP2's
+  collectives are replaced by their local results;
+* ``--straggle_ms`` (a test knob): rank ``--straggle_rank`` sleeps that long where it arrives
+  (above) in every step, a straggler of known size;
 * the record: rank 0 writes the run's JSON (the schema of every run, with
   ``tokens_per_s`` over all ranks) plus every rank's step times and arrivals (gathered after
   the measured steps, so stragglers are known untraced too); ranks > 0 write
@@ -139,38 +147,46 @@ class Arrivals:
 
 @dataclass
 class CommLog:
-    """Every collective this rank issued: (op, bytes) -> count, for the record, and the
-    steps' arrivals. With ``skip`` (``--comm skip``) the collectives are not issued. With a
-    ``delay_s`` (the straggler knob), the rank waits that long before each step's first
-    collective."""
+    """Every collective this rank issued through a comm range: (op, bytes) -> count, for the
+    record, and the steps' arrivals. With ``skip`` (``--comm skip``) the collectives are not
+    issued. With a ``delay_s`` (the straggler knob), the rank waits that long where it
+    arrives in each step: at its first collective, or (``arrive_at_collective`` false: DDP)
+    where :meth:`arrive` is called."""
 
     counts: Counter = field(default_factory=Counter)
     measuring: bool = False
     skip: bool = False
     arrivals: Arrivals = field(default_factory=Arrivals)
     delay_s: float = 0.0
-    first_pending: bool = False  # the step's first collective is still to come
+    arrive_at_collective: bool = True
+    pending: bool = False  # the step's arrival is still to come
 
     def step_started(self) -> None:
-        self.first_pending = True
+        self.pending = True
         if self.measuring:
             self.arrivals.started()
 
-    def opened(self, op: str, nbytes: int) -> Any:
-        if self.first_pending:
-            self.first_pending = False
+    def arrive(self) -> None:
+        """The step reached its collectives: the straggler's delay, then the arrival mark
+        (none without collectives)."""
+        if self.pending and not self.skip:
+            self.pending = False
             self._straggle()
             if self.measuring:
                 self.arrivals.arrived()
+
+    def opened(self, op: str, nbytes: int) -> Any:
+        if self.arrive_at_collective:
+            self.arrive()
         if self.measuring:
             self.counts[(op, nbytes)] += 1
         return nvtx.start_range(COMM_RANGE.format(op=op, nbytes=nbytes))
 
     def _straggle(self) -> None:
-        """The straggler's delay, where its peers wait for it: before the step's first
-        collective, after the same work as theirs (done side by side with theirs, so a busy
-        machine slows both alike). On a GPU the host first waits for its queued work: the
-        device then idles exactly ``delay_s`` before the collective."""
+        """The straggler's delay, where its peers wait for it: before its collectives, after
+        the same work as theirs (done side by side with theirs, so a busy machine slows both
+        alike). On a GPU the host first waits for its queued work: the device then idles
+        exactly ``delay_s`` before the collectives."""
         if self.delay_s > 0:
             if self.arrivals.cuda:
                 torch.cuda.synchronize()
@@ -190,43 +206,31 @@ def _closing(range_id: Any) -> Callable[[torch.futures.Future], Any]:
 
 
 def ddp_allreduce_hook(log: CommLog) -> Callable[[Any, dist.GradBucket], torch.futures.Future]:
-    """DDP's default all-reduce (average of the bucket), inside a ``comm all_reduce`` range.
-
-    NCCL averages in the reduction itself (``ReduceOp.AVG``): DDP without a hook divides while
-    copying the gradients into the bucket, and a ``div_`` here would add a pass over every
-    gradient (about 8 ms a step for the 2.7B's 13.6 GB on an H100). Gloo has no AVG."""
-    average = dist.get_backend() == "nccl"
+    """DDP's all-reduce on gloo (sum, then the average), inside a ``comm all_reduce`` range:
+    on a CPU the ranges are the communication (analysis/metrics/ranks.py)."""
 
     def finished(range_id: Any) -> Callable[[torch.futures.Future], torch.Tensor]:
         def close(fut: torch.futures.Future) -> torch.Tensor:
             nvtx.end_range(range_id)
-            return fut.value()[0]
+            return fut.value()[0].div_(dist.get_world_size())
 
         return close
 
     # No annotations: DDP checks them against dist.GradBucket, and here they are strings.
     def hook(state, bucket):  # noqa: ANN001, ANN202
         tensor = bucket.buffer()
-        if log.skip:
-            return _local_result(tensor)
         range_id = log.opened("all_reduce", tensor.numel() * tensor.element_size())
-        if average:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True)
-        else:
-            tensor.div_(dist.get_world_size())
-            work = dist.all_reduce(tensor, async_op=True)
-        return work.get_future().then(finished(range_id))
+        return dist.all_reduce(tensor, async_op=True).get_future().then(finished(range_id))
 
     return hook
 
 
-def _local_result(tensor: torch.Tensor) -> torch.futures.Future:
-    """The bucket's all-reduce without communication (torch's ``noop_hook`` for headroom
-    analysis): this rank's own gradients, which equal the average, as every rank trains on the
-    same batch from the same weights."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+def ddp_buckets(ddp: nn.Module) -> list[int]:
+    """Bytes of each DDP gradient bucket, in the order DDP all-reduces them (bucket index:
+    DDP starts bucket i's all-reduce only after bucket i-1's). Read after the second step,
+    when DDP has rebuilt its buckets in the order the gradients became ready."""
+    return [b.buffer().numel() * b.buffer().element_size()
+            for b in sorted(ddp.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())]
 
 
 def local_all_gather(output: torch.Tensor, input_tensor: torch.Tensor,
@@ -322,6 +326,7 @@ class DistributedRun:
     backend: str
     log: CommLog = field(default_factory=CommLog)
     fsdp_comm_ranges: bool = False
+    ddp: nn.Module | None = None  # the DDP module (its buckets go in the record)
 
     def wrap(self, model: nn.Module, layers: str = "layers.*",
              broadcast_buffers: bool = False) -> nn.Module:
@@ -341,7 +346,13 @@ class DistributedRun:
                 warnings.simplefilter("ignore", FutureWarning)
                 ddp = DDP(model, device_ids=ids, bucket_cap_mb=self.args.bucket_cap_mb,
                           broadcast_buffers=broadcast_buffers)
-            ddp.register_comm_hook(None, ddp_allreduce_hook(self.log))
+            if self.log.skip:  # no_sync() for good: no bucket copies, no all-reduce
+                ddp.require_backward_grad_sync = False
+            elif self.backend != "nccl":
+                ddp.register_comm_hook(None, ddp_allreduce_hook(self.log))
+            self.log.arrive_at_collective = False
+            ddp.register_forward_hook(self._forward_done)
+            self.ddp = ddp
             return ddp
         from torch.distributed.fsdp import fully_shard
 
@@ -358,6 +369,12 @@ class DistributedRun:
                 module.set_custom_reduce_scatter(comms[1])
             self.fsdp_comm_ranges = True
         return root
+
+    @torch.compiler.disable
+    def _forward_done(self, *_: Any) -> None:
+        """DDP's forward returned: the all-reduces follow in backward (arrival, straggler).
+        Outside a compiled graph: it records an event and may sleep."""
+        self.log.arrive()
 
     def before_step(self) -> None:
         """At the start of every warm-up and measured step (workloads/runner.py): the step's
@@ -388,9 +405,21 @@ class DistributedRun:
             tokens_per_step=tokens,
             tokens_per_step_per_rank=tokens_per_rank,
             tokens_per_s=tokens / mean_s,
-            collectives=self.log.record(len(steps)),
+            collectives=self._collectives(len(steps)),
             distributed=self.describe(),
         )
+        if self.ddp is not None and not self.log.skip:
+            result["distributed"]["buckets"] = ddp_buckets(self.ddp)
+
+    def _collectives(self, steps: int) -> list[dict[str, Any]]:
+        """Per (op, bytes): collectives per measured step. DDP: one all-reduce per bucket."""
+        if self.ddp is None:
+            return self.log.record(steps)
+        if self.log.skip:
+            return []
+        sizes = Counter(ddp_buckets(self.ddp))
+        return [{"op": "all_reduce", "bytes": b, "per_step": float(n)}
+                for b, n in sorted(sizes.items())]
 
     def describe(self) -> dict[str, Any]:
         knobs = Knobs.of(self.args)
@@ -398,7 +427,8 @@ class DistributedRun:
                 "rank": self.rank, "backend": self.backend,
                 "nccl": ".".join(map(str, torch.cuda.nccl.version()))
                 if self.backend == "nccl" else None,
-                "comm_ranges": self.args.parallel == "ddp" or self.fsdp_comm_ranges,
+                "comm_ranges": (self.backend != "nccl") if self.args.parallel == "ddp"
+                else self.fsdp_comm_ranges,
                 "comm": knobs.comm,
                 "straggler": {"rank": knobs.straggle_rank, "ms": knobs.straggle_ms}
                 if knobs.straggle_ms > 0 else None}

@@ -152,8 +152,10 @@ def _comm_ranges(names: list[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
     return np.array(idx, np.int64), ops, np.array(sizes, np.int64)
 
 
-def rank_timeline(ex: Export) -> RankTimeline:
-    """The steps, compute, communication and collectives of one rank's export."""
+def rank_timeline(ex: Export, buckets: list[int] | None = None) -> RankTimeline:
+    """The steps, compute, communication and collectives of one rank's export. ``buckets``
+    (the record's DDP gradient buckets, in reduction order): the message sizes of a GPU
+    capture's all-reduce kernels where it has no comm ranges (DDP on NCCL)."""
     names, start, end, tid, pushpop = _ranges(ex)
     is_step = np.array([n == STEP_RANGE for n in names], bool) & pushpop
     order = np.argsort(start[is_step], kind="stable")
@@ -162,7 +164,10 @@ def rank_timeline(ex: Export) -> RankTimeline:
     comm_idx, comm_ops, comm_bytes = _comm_ranges(names)
     kernels = ex.kernels()
     if kernels["start"].size:
-        return _gpu_timeline(ex, steps, start, end, tid, comm_idx, comm_ops, comm_bytes)
+        tl = _gpu_timeline(ex, steps, start, end, tid, comm_idx, comm_ops, comm_bytes)
+        if buckets and not comm_idx.size:
+            bucket_sizes(tl, buckets)
+        return tl
     compute = np.array([n.startswith(COMPUTE_RANGE_PREFIX) for n in names], bool)
     collectives = Collectives(comm_ops, comm_bytes, start[comm_idx], end[comm_idx])
     return RankTimeline(
@@ -209,6 +214,18 @@ def _gpu_timeline(ex: Export, steps: np.ndarray, start: np.ndarray, end: np.ndar
     )
 
 
+def bucket_sizes(tl: RankTimeline, buckets: list[int]) -> None:
+    """Give each step's all-reduce kernels the DDP buckets' sizes in order: DDP starts bucket
+    i's all-reduce only after bucket i-1's, on one NCCL stream. A step whose count of
+    all-reduces differs from the buckets' keeps its sizes unknown (-1)."""
+    c = tl.collectives
+    reduces = np.array([op == "all_reduce" for op in c.op], bool)
+    for lo, hi in tl.steps.tolist():
+        inside = np.flatnonzero(reduces & (lo <= c.start) & (c.start < hi))
+        if inside.size == len(buckets):
+            c.nbytes[inside[np.argsort(c.start[inside], kind="stable")]] = buckets
+
+
 def step_breakdown(tl: RankTimeline) -> list[dict[str, float | int | None]]:
     """Per step: compute, communication, exposed communication, overlap and idle (ms)."""
     rows = []
@@ -238,4 +255,5 @@ def collective_rows(tl: RankTimeline) -> list[dict[str, object]]:
     return rows
 
 
-__all__ = ["Intervals", "RankTimeline", "collective_rows", "rank_timeline", "step_breakdown"]
+__all__ = ["Intervals", "RankTimeline", "bucket_sizes", "collective_rows", "rank_timeline",
+           "step_breakdown"]

@@ -232,10 +232,15 @@ def write_distributed(results: Path, summary: pd.DataFrame, output: Path,
     output.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(output, index=False)
     if plots is not None:
-        from analysis.outputs.figures import plot_comm_bandwidth, plot_rank_timeline
+        from analysis.outputs.figures import (
+            plot_comm_bandwidth,
+            plot_rank_timeline,
+            plot_scaling,
+        )
 
         plot_rank_timeline(summary, results, plots / "rank_timeline.png")
         plot_comm_bandwidth(summary, results, plots / "comm_bandwidth.png")
+        plot_scaling(table, summary, plots / "scaling.png")
     return table
 
 

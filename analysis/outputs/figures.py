@@ -267,6 +267,76 @@ def plot_rank_timeline(summary: pd.DataFrame, results: Path, path: Path) -> Path
     return style.save(fig, path)
 
 
+def scaling_series(table: pd.DataFrame, summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per scaling series (a one-GPU baseline and a parallel mode; the knob runs and the
+    no-communication twins left out): GPUs, speedup over the baseline's throughput and its
+    95% CI (from the steps' CIs), the baseline first at 1 GPU."""
+    by_run = summary.set_index("run")
+    series: dict[str, list[dict[str, float]]] = {}
+    plain = table[(table["comm"].fillna("on") == "on") & (num(table, "straggle_ms").fillna(0) == 0)
+                  & table["baseline_run"].notna() & (num(table, "tokens_per_s") > 0)]
+    for _, row in plain.iterrows():
+        base = str(row["baseline_run"])
+        if base not in by_run.index:
+            continue
+        name = f"{base.removesuffix('_1gpu')} {row['parallel']}{_variant(row)}"
+        points = series.setdefault(name, [_point(by_run.loc[base], 1, by_run.loc[base])])
+        points.append(_point(by_run.loc[row["run"]], int(row["gpus"]), by_run.loc[base]))
+    return {name: pd.DataFrame(points).sort_values("gpus") for name, points in series.items()
+            if len(points) > 1}
+
+
+def _variant(row: pd.Series) -> str:
+    """What sets a run apart from the others of its mode (a knob off its default)."""
+    parts = []
+    if not pd.isna(row.get("bucket_cap_mb")) and float(row["bucket_cap_mb"]) != 25.0:
+        parts.append(f"bucket {row['bucket_cap_mb']:g} MB")
+    if str(row.get("reshard_after_forward")).lower() == "false":
+        parts.append("keep params")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _point(run: pd.Series, gpus: int, base: pd.Series) -> dict[str, float]:
+    """Speedup = throughput / the baseline's = gpus x baseline step / step (the same batch
+    per GPU); its CI from the step's CI bounds."""
+    def speedup(step: object) -> float:
+        return gpus * float(base["step_ms"]) / float(step) if step and not pd.isna(step) \
+            else float("nan")
+
+    return {"gpus": gpus, "speedup": speedup(run["step_ms"]),
+            "low": speedup(run.get("step_ci_high_ms")), "high": speedup(run.get("step_ci_low_ms"))}
+
+
+def plot_scaling(table: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path:
+    """Speedup over one GPU against GPUs, per model and parallel mode, with the ideal line and
+    each point's scaling efficiency (distributed.csv; untraced steps, 95% CIs)."""
+    title = "Scaling: throughput over one GPU (same batch per GPU), untraced, 95% CI"
+    series = scaling_series(table, summary)
+    if not series:
+        return style.empty_figure(path, title, "no distributed run with its one-GPU baseline")
+    fig, axes = style.figure(height=4.5)
+    ax = axes[0, 0]
+    top = max(int(frame["gpus"].max()) for frame in series.values())
+    ax.plot([1, top], [1, top], color=style.NEUTRAL, linestyle="--", label="ideal (linear)")
+    colors = style.palette_colors(list(series))
+    for name, frame in series.items():
+        yerr = np.vstack([frame["speedup"] - frame["low"], frame["high"] - frame["speedup"]])
+        ax.errorbar(frame["gpus"], frame["speedup"], yerr=np.nan_to_num(yerr), marker="o",
+                    color=colors[name], capsize=3, label=name)
+        for _, p in frame[frame["gpus"] > 1].iterrows():
+            ax.annotate(style.fmt_pct(p["speedup"] / p["gpus"]), (p["gpus"], p["speedup"]),
+                        xytext=(4, -10), textcoords="offset points", fontsize=7,
+                        color=colors[name])
+    ticks = sorted({int(g) for frame in series.values() for g in frame["gpus"]})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("GPUs (labels: scaling efficiency)")
+    ax.set_ylabel("speedup over 1 GPU")
+    ax.grid(alpha=0.3)
+    style.legend_beside(ax)
+    ax.set_title(title)
+    return style.save(fig, path)
+
+
 def plot_comm_bandwidth(summary: pd.DataFrame, results: Path, path: Path) -> Path:
     """Bus bandwidth per collective and message size (<run>/distributed/collectives.csv)
     against the all-reduce sweep on the same ranks (calibration_allreduce_<N>ranks.json)."""
@@ -365,5 +435,5 @@ def _draw(summary: pd.DataFrame, results: Path, name: str, path: Path) -> None:
 
 __all__ = ["ATTENTION_STEPS", "DRAWERS", "FIGURES", "SUBLAYERS", "SUBLAYER_BASIS", "TOP_N",
            "idle_frame", "kernel_labels", "layer_frame", "phase_frame", "plot",
-           "plot_comm_bandwidth", "plot_phase_gpu_time", "plot_rank_timeline", "short_kernel",
-           "write_figures"]
+           "plot_comm_bandwidth", "plot_phase_gpu_time", "plot_rank_timeline", "plot_scaling",
+           "scaling_series", "short_kernel", "write_figures"]

@@ -47,8 +47,8 @@ from analysis.outputs.runs import empty_cell, read_json
 
 # The overview shows the first four figures with data (a distributed config has no ladder, a
 # CPU matrix no kernels): these first, then the report's other figures in their order.
-KEY_FIGURES = ["ladder_waterfall", "rank_timeline", "comm_bandwidth", "attention_sweep",
-               "phase_gpu_time", "kernel_categories"]
+KEY_FIGURES = ["ladder_waterfall", "scaling", "rank_timeline", "comm_bandwidth",
+               "attention_sweep", "phase_gpu_time", "kernel_categories"]
 SHOWN_FIGURES = 4
 TOP_FINDINGS = 6
 LANDING_FINDINGS = 4  # the report's first page: what fits beside the workflow graph

@@ -180,14 +180,16 @@ def write_csv(path: Path, header: list[str], rows: list[dict[str, Any]]) -> None
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
-def analyze(exports: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """The tables and metrics of one run's per-rank exports (rank r = exports[r])."""
+def analyze(exports: list[Path], buckets: list[int] | None = None
+            ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The tables and metrics of one run's per-rank exports (rank r = exports[r]); ``buckets``:
+    the record's DDP buckets (analysis/metrics/ranks.py: rank_timeline)."""
     steps: dict[int, list[dict[str, Any]]] = {}
     colls: dict[int, list[dict[str, Any]]] = {}
     sources = set()
     for rank, path in enumerate(exports):
         with Export(path) as ex:
-            tl = rank_timeline(ex)
+            tl = rank_timeline(ex, buckets)
         sources.add(tl.source)
         steps[rank] = step_breakdown(tl)
         colls[rank] = collective_rows(tl)
@@ -219,7 +221,7 @@ def write_rank_analysis(exports: list[Path], times: Path, outdir: Path) -> dict[
         tables: dict[str, list[dict[str, Any]]] = {name: [] for name in TABLES}
         metrics: dict[str, Any] = {"status": status, "message": record.get("message")}
     else:
-        tables, metrics = analyze(exports)
+        tables, metrics = analyze(exports, (record.get("distributed") or {}).get("buckets"))
     for name, header in TABLES.items():
         write_csv(outdir / f"{name}.csv", header, tables[name])
     (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
