@@ -245,7 +245,7 @@ def add_results_commands(sub: argparse._SubParsersAction, full: bool = True) -> 
                     help="also the Snakemake report's landing text (reStructuredText)")
     ds = _over_results(sub, "distributed", "distributed.csv: scaling, exposed communication, "
                        "stragglers, bandwidth; and its figures", run_distributed, "CSV to write")
-    ds.add_argument("--plots", type=Path, default=None, help="folder for its two figures")
+    ds.add_argument("--plots", type=Path, default=None, help="folder for its figures")
     hs = sub.add_parser("history", help="a system's history.csv: results folders' runs by "
                         "commit, and the headline rungs over commits (PNG)")
     hs.set_defaults(handler=run_history)

@@ -8,8 +8,8 @@ on the same machine: the pipeline's untraced step over the plain script's, per r
     python benchmarks/distributed_vs_plain.py --results results-distributed \\
         --runs gpt_2.7B_ddp2 --rounds 6
     # what it would run; the table again from plain numbers measured before
-    python benchmarks/distributed_vs_plain.py --results published/h200x2/distributed --dry-run
-    python benchmarks/distributed_vs_plain.py --results published/h200x2/distributed \\
+    python benchmarks/distributed_vs_plain.py --results published/h200x4/distributed --dry-run
+    python benchmarks/distributed_vs_plain.py --results published/h200x4/distributed \\
         --plain-json plain.json
 
 Every GPT train run of the folder's plan.json (the distributed runs and their one-GPU

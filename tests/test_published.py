@@ -22,7 +22,7 @@ HEADLINE = PUBLISHED / "h100" / "standard"
 def test_published_is_small_and_one_folder_per_system() -> None:
     size = sum(p.stat().st_size for p in PUBLISHED.rglob("*") if p.is_file())
     assert size <= MAX_BYTES, f"published/ holds {size / 1e6:.1f} MB"
-    assert [s.name for s in SYSTEMS] == ["h100", "h200x2"]
+    assert [s.name for s in SYSTEMS] == ["h100", "h200x4"]
     assert len(CONFIGS) >= 3
     # nothing beside the system folders but the index
     assert {p.name for p in PUBLISHED.iterdir() if p.is_file()} == {"README.md"}
@@ -111,3 +111,16 @@ def test_the_readme_headline_numbers_come_from_the_standard_folder() -> None:
     figures = re.findall(r"!\[[^]]*\]\(([^)]+)\)", (REPO / "README.md").read_text())
     assert figures and all(f.startswith("published/h100/standard/plots/") for f in figures)
     assert all((REPO / f).is_file() for f in figures)
+
+
+def test_a_config_without_ladders_draws_its_runs_over_the_commits(tmp_path: Path) -> None:
+    """The distributed history has no ladder: its figure follows each run published at more
+    than one commit, and no other."""
+    from analysis.outputs import style
+    from analysis.outputs.history import plot_history, repeated_runs
+
+    history = pd.read_csv(PUBLISHED / "h200x4" / "history.csv")
+    repeated = repeated_runs(history)
+    counts = history[history["status"] == "ok"].groupby("run")["commit"].nunique()
+    assert set(repeated["run"]) == set(counts[counts > 1].index) != set()
+    assert style.has_data(plot_history(history, tmp_path / "history.png"))

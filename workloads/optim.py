@@ -185,9 +185,16 @@ def optimizer_bytes_per_step(optimizer: torch.optim.Optimizer | MasterAdamW | No
         return optimizer.bytes_per_step()
     if isinstance(optimizer, torch.optim.AdamW):
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        size = sum(p.numel() * p.element_size() for p in params)
+        # FSDP's parameters are DTensors: this rank updates its own shard only
+        size = sum(_local(p).numel() * p.element_size() for p in params)
         return ADAMW_TENSOR_PASSES * size
     return None
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: a DTensor's local shard, else the tensor itself."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if callable(to_local) else param
 
 
 def build_optimizer(

@@ -279,7 +279,7 @@ def scaling_series(table: pd.DataFrame, summary: pd.DataFrame) -> dict[str, pd.D
         base = str(row["baseline_run"])
         if base not in by_run.index:
             continue
-        name = f"{base.removesuffix('_1gpu')} {row['parallel']}{_variant(row)}"
+        name = f"{base.replace('_1gpu', '')} {row['parallel']}{_variant(row)}"
         points = series.setdefault(name, [_point(by_run.loc[base], 1, by_run.loc[base])])
         points.append(_point(by_run.loc[row["run"]], int(row["gpus"]), by_run.loc[base]))
     return {name: pd.DataFrame(points).sort_values("gpus") for name, points in series.items()

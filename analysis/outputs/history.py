@@ -101,7 +101,7 @@ def plot_history(history: pd.DataFrame, path: Path, configs: Iterable[str] | Non
         history = history[history["config"].isin(list(configs))]
     rungs = headline_rungs(history)
     if rungs.empty:
-        return style.empty_figure(path, "Headline rungs over commits", "no ladder runs")
+        return plot_repeated_runs(history, path)
     ladders = sorted(set(zip(rungs["config"], rungs["ladder_key"], strict=True)))
     # a column per headline rung, each on its own linear axis: the first rung is often 10-20x
     # the best, which would flatten the best's line on a shared one
@@ -129,3 +129,46 @@ def plot_history(history: pd.DataFrame, path: Path, configs: Iterable[str] | Non
             ax.set_axis_off()
     return style.save(fig, path, "Headline rungs' untraced step time (median, 95% CI) over "
                       "the commits that published them")
+
+
+def repeated_runs(history: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs published at more than one commit (a config without ladders)."""
+    ok = history[history["status"].eq(OK) & history["step_ms"].notna()]
+    commits = ok.groupby(["config", "run"])["commit"].transform("nunique")
+    return ok[commits > 1]
+
+
+def plot_repeated_runs(history: pd.DataFrame, path: Path) -> Path:
+    """Step time over the commits of every run published more than once, a panel per config
+    (log ms: runs of different sizes share it)."""
+    from analysis.outputs import style
+
+    title = "Runs over commits"
+    rows = repeated_runs(history)
+    if rows.empty:
+        return style.empty_figure(path, title, "no run published at more than one commit")
+    configs = sorted(rows["config"].unique())
+    fig, axes = style.figure(nrows=len(configs), height=3.2 * len(configs))
+    for ax, config in zip(axes[:, 0], configs, strict=True):
+        mine = rows[rows["config"].eq(config)]
+        commits = mine.groupby("commit", as_index=False)["date"].min().sort_values("date")
+        x = {c: i for i, c in enumerate(commits["commit"])}
+        colors = style.palette_colors(sorted(mine["run"].unique()))
+        for run, line in mine.groupby("run"):
+            line = line.sort_values("date")
+            ax.errorbar([x[c] for c in line["commit"]], line["step_ms"],
+                        yerr=[line["step_ms"] - line["step_ci_low_ms"],
+                              line["step_ci_high_ms"] - line["step_ms"]],
+                        marker="o", capsize=3, color=colors[run], label=run)
+        ax.set_xticks(range(len(x)), [f"{c[:7]}\n{d[5:10]}" for c, d in
+                                      zip(commits["commit"], commits["date"], strict=True)],
+                      fontsize=7)
+        ax.set_xlim(-0.5, len(x) - 0.5)
+        ax.set_yscale("log")
+        style.log_axis(ax.yaxis)
+        ax.set_ylabel("step ms (log)", fontsize=8)
+        ax.set_title(f"{config}: untraced step (median, 95% CI) of each run published "
+                     "more than once", loc="left", fontsize=9)
+        style.legend_beside(ax)
+    return style.save(fig, path, "Untraced step time over the commits that published them")
+
