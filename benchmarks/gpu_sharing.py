@@ -1,0 +1,175 @@
+"""Every GPU of a host, as one resource model: how a results folder used the host's GPUs.
+
+Reads the GPU jobs' records of one results folder (each guard writes the GPUs it held and
+when: ``assigned_gpus``, ``guard_unix``; pipeline/gpus.py) and prints
+
+* per GPU: the jobs it ran and the share of the run's GPU span it was held;
+* whether any GPU was held by two jobs at once while one of them was a timing job (the
+  resource model says never; a capture beside a capture is allowed only on separate GPUs too);
+* with ``--reference`` (the same config's one-GPU results folder, e.g. a published one):
+  each run's untraced step time beside the reference's, and whether their 95% CIs overlap;
+  with ``--wall-s`` and ``--reference-wall-s``, the ratio of the two invocations' wall times.
+
+    python benchmarks/gpu_sharing.py --results results --reference published/h100/standard \\
+        --wall-s 380 --reference-wall-s 954 [--json out.json]
+
+Exit status 1 when two jobs shared a GPU while a timing job ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuJob:
+    """One guarded job: which run, what kind, which GPUs, from when to when (unix s)."""
+
+    run: str
+    kind: str  # timing, capture, calibrate
+    gpus: tuple[str, ...]
+    start: float
+    end: float
+
+
+def job_kind(path: Path) -> str:
+    """A record's job kind from where the pipeline writes it."""
+    if path.parent.name == "timing":
+        return "timing"
+    if "calibrat" in str(path):
+        return "calibrate"
+    return "capture"
+
+
+def gpu_jobs(results: Path) -> list[GpuJob]:
+    """Every record under ``results`` that says which GPUs its job held."""
+    ends: dict[tuple[str, str, tuple[str, ...], float], float] = {}
+    for path in sorted(results.rglob("*.json")):
+        if "stats" in path.parts:
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        held, guard = record.get("assigned_gpus"), record.get("guard_unix") or {}
+        if not held or guard.get("ended") is None:
+            continue
+        run = record.get("run") or path.stem
+        key = (run, job_kind(path), tuple(held["gpus"]), held["taken_unix"])
+        # a timing job's repeats each write a record of the one job that held the GPUs
+        ends[key] = max(ends.get(key, 0.0), guard["ended"])
+    return [GpuJob(run, kind, gpus, start, end) for (run, kind, gpus, start), end in ends.items()]
+
+
+def overlap(a: GpuJob, b: GpuJob) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+def shared_while_timing(jobs: list[GpuJob]) -> list[tuple[GpuJob, GpuJob]]:
+    """Pairs of jobs that held one GPU at the same time, one of them a timing job."""
+    return [(a, b) for i, a in enumerate(jobs) for b in jobs[i + 1:]
+            if "timing" in (a.kind, b.kind) and overlap(a, b) and set(a.gpus) & set(b.gpus)]
+
+
+def busy_share(jobs: list[GpuJob]) -> dict[str, dict[str, float]]:
+    """Per GPU: jobs run, seconds held (overlaps merged) and share of the run's GPU span."""
+    if not jobs:
+        return {}
+    span = max(j.end for j in jobs) - min(j.start for j in jobs)
+    out = {}
+    for gpu in sorted({g for j in jobs for g in j.gpus}):
+        mine = sorted((j.start, j.end) for j in jobs if gpu in j.gpus)
+        held, (lo, hi) = 0.0, mine[0]
+        for start, end in mine[1:]:
+            if start > hi:
+                held, lo = held + hi - lo, start
+            hi = max(hi, end)
+        held += hi - lo
+        out[gpu] = {"jobs": len(mine), "held_s": round(held, 1),
+                    "share": round(held / span, 3) if span > 0 else math.nan}
+    return out
+
+
+def read_summary(folder: Path) -> dict[str, dict[str, str]]:
+    with open(folder / "summary.csv", newline="") as f:
+        return {row["run"]: row for row in csv.DictReader(f)}
+
+
+def number(row: dict[str, str], key: str) -> float:
+    try:
+        return float(row.get(key) or "nan")
+    except ValueError:
+        return math.nan
+
+
+def compare_steps(results: Path, reference: Path) -> list[dict[str, Any]]:
+    """Runs ok on both sides: step times, their ratio, and whether the 95% CIs overlap."""
+    mine, ref = read_summary(results), read_summary(reference)
+    rows = []
+    for run in sorted(set(mine) & set(ref)):
+        a, b = mine[run], ref[run]
+        if a.get("status") != "ok" or b.get("status") != "ok":
+            continue
+        ms, ref_ms = number(a, "step_ms"), number(b, "step_ms")
+        if not (ms > 0 and ref_ms > 0):
+            continue
+        lo, hi = number(a, "step_ci_low_ms"), number(a, "step_ci_high_ms")
+        ref_lo, ref_hi = number(b, "step_ci_low_ms"), number(b, "step_ci_high_ms")
+        rows.append({"run": run, "step_ms": ms, "reference_ms": ref_ms,
+                     "ratio": ms / ref_ms, "cis_overlap": lo <= ref_hi and ref_lo <= hi,
+                     "unstable": "unstable" in (a.get("flags") or "")
+                     or "unstable" in (b.get("flags") or "")})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--reference", type=Path, help="the one-GPU results folder")
+    parser.add_argument("--wall-s", type=float, help="this invocation's wall time")
+    parser.add_argument("--reference-wall-s", type=float, help="the reference's wall time")
+    parser.add_argument("--json", type=Path, help="write everything printed here as JSON")
+    args = parser.parse_args(argv)
+
+    jobs = gpu_jobs(args.results)
+    busy = busy_share(jobs)
+    shared = shared_while_timing(jobs)
+    print(f"{len(jobs)} GPU jobs on {len(busy)} GPU(s)")
+    for gpu, row in busy.items():
+        print(f"  {gpu}: {row['jobs']} jobs, held {row['held_s']} s, "
+              f"{row['share']:.0%} of the GPU span")
+    print(f"GPU shared with a timing job: {len(shared)} time(s)")
+    for a, b in shared[:10]:
+        print(f"  {a.run} ({a.kind}) and {b.run} ({b.kind}) on {set(a.gpus) & set(b.gpus)}")
+    out: dict[str, Any] = {"jobs": [asdict(j) for j in jobs], "busy": busy,
+                           "shared_while_timing": len(shared)}
+    if args.wall_s and args.reference_wall_s:
+        out["wall_ratio"] = args.wall_s / args.reference_wall_s
+        print(f"wall time {args.wall_s:.0f} s vs {args.reference_wall_s:.0f} s on one GPU: "
+              f"{out['wall_ratio']:.0%}")
+    if args.reference:
+        rows = compare_steps(args.results, args.reference)
+        out["steps"] = rows
+        inside = sum(r["cis_overlap"] for r in rows)
+        print(f"step times beside {args.reference}: {inside} of {len(rows)} runs within "
+              "each other's 95% CIs")
+        for r in sorted(rows, key=lambda r: -abs(math.log(r["ratio"]))):
+            if not r["cis_overlap"]:
+                print(f"  {r['run']}: {r['step_ms']:.3f} vs {r['reference_ms']:.3f} ms "
+                      f"({r['ratio']:.3f}){' unstable' if r['unstable'] else ''}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 1 if shared else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
