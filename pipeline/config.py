@@ -201,14 +201,25 @@ def check_run(where: str, params: dict[str, Any]) -> None:
                           "its overhead is measured against it")
     params = workload_params(params)
     check_keys(where, params)
-    try:
-        jsonschema.validate(params, run_schemas()[params["workload"]])
-    except jsonschema.ValidationError as e:
+    # what jsonschema.validate reports, without checking the schema again for every run
+    e = jsonschema.exceptions.best_match(run_validator(params["workload"]).iter_errors(params))
+    if e is not None:
         key = ".".join(str(p) for p in e.absolute_path)
-        raise ConfigError(f"{where}.{key}" if key else where, e.message) from None
+        raise ConfigError(f"{where}.{key}" if key else where, e.message)
     problem = workload_problem(params["workload"], json.dumps(params, sort_keys=True))
     if problem is not None:
         raise ConfigError(f"{where}.{problem[0]}", problem[1])
+
+
+@cache
+def run_validator(workload: str) -> Any:
+    """The validator of a workload's run schema, the schema itself checked once (checking it
+    for every run was most of the time a big config took to plan: 8 s of config/full.yaml's,
+    paid by every Snakemake invocation and every cluster job)."""
+    schema = run_schemas()[workload]
+    kind = jsonschema.validators.validator_for(schema)
+    kind.check_schema(schema)
+    return kind(schema)
 
 
 @cache

@@ -21,18 +21,21 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
 
+
 # `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a
 # file's module fixtures are made once), in collection order, the next file to the first
 # worker with at most two tests left. The files that take longest come first. The smoke run
 # (test_pipeline.py), which several files compare with, and the Slurm cluster (mostly waiting
-# on its jobs) start at once; the container tests come next, on the worker that ran the
-# cluster, so they find the smoke run made when they compare the image's run with it instead
-# of waiting for it.
-FIRST_FILES = ("test_pipeline.py", "test_slurm.py", "test_container.py",
-               "test_resume_anywhere.py", "test_resume.py", "test_model_workload.py",
-               "test_distributed.py", "test_forkserver.py", "test_diff.py", "test_workloads.py",
-               "test_compile_blocks.py", "test_model_compile_once.py", "test_config.py",
-               "test_model_examples.py", "test_launch.py")
+# on its jobs) start at once; the distributed runs and the container tests follow on the
+# worker that ran the cluster, so the container tests find the smoke run made when they
+# compare the image's run with it instead of waiting for it. test_workloads.py's compiled run
+# shares its graphs with test_compile_blocks.py's (Inductor's cache): files apart, so that one
+# finds what the other compiled rather than compiling it at the same time.
+FIRST_FILES = ("test_pipeline.py", "test_slurm.py", "test_distributed.py", "test_container.py",
+               "test_resume_anywhere.py", "test_model_workload.py", "test_forkserver.py",
+               "test_compile_blocks.py", "test_resume.py", "test_diff.py", "test_launch.py",
+               "test_model_examples.py", "test_workloads.py", "test_config.py",
+               "test_model_compile_once.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -73,6 +76,19 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str,
                 raise
             done.touch()
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """One CPU thread for the torch work the tests do in this process, as the pipeline's jobs
+    have. `make test` runs a pytest-xdist worker per core: torch's default of a thread per
+    core in each worker oversubscribes the cores, and OpenMP threads that spin while they wait
+    take the other worker's core (a GPT small step under FlopCounterMode: 28 s instead of
+    10 s beside another worker). Not through OMP_NUM_THREADS: the processes the tests start
+    would inherit it (`nproc` obeys it: a test Slurm node would get one CPU)."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -474,6 +474,10 @@ def pipeline_config(step_ms: float) -> dict:
         "results": "results",
         "timing": {"repeats": PIPELINE_REPEATS},
         "calibrate": False,
+        "nsys": {"trace": "cuda,nvtx"},  # config.yaml's lean tracer (tests/smoke.yaml says why)
+        # six timing processes of a sleep: starting them costs less than starting the three
+        # fork servers, which preload torch and Inductor (tests/test_forkserver.py tests those)
+        "launcher": "process",
         "defaults": {"device": "auto", "warmup": 1, "steps": 5, "seed": 0},
         "runs": {
             "step": {"workload": "sleep", "step_ms": step_ms},
@@ -503,8 +507,8 @@ def test_pipeline_runs_differ_in_one_run(tmp_path: Path, nsys: str) -> None:
                   "--configfile", str(config))
         return tmp_path / side / "results"
 
-    # the two sides side by side: separate working folders (each its own device lock and fork
-    # servers), and steps that sleep, so neither measures the other's load
+    # the two sides side by side: separate working folders (each its own device lock), and
+    # steps that sleep, so neither measures the other's load
     with ThreadPoolExecutor(2) as pool:
         made = {side: pool.submit(run_side, side, ms) for side, ms in (("old", 80), ("new", 10))}
         results = {side: future.result() for side, future in made.items()}

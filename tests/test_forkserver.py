@@ -27,6 +27,10 @@ PY = sys.executable
 ONE_THREAD = {name: "1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
+# The servers of the tests of their lifecycle (not of what they preload: the pipeline runs
+# below, tests/test_forkserver_preload.py) preload what a tiny train step imports, not Inductor
+# too: each start, and the first one's probe, cost two thirds of the whole list's.
+LEAN = {forkserver.ENV_PRELOAD: "torch,workloads.__main__"}
 TINY_TRAIN = ["gpt", "--size", "tiny", "--mode", "train", "--context", "32", "--batch", "2",
               "--device", "cpu"]
 # Two runs x two repeats, timing only: enough to compare repeats of one run (different
@@ -323,7 +327,7 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     first guard starts it; stopped at the end)."""
     logs = tmp_path_factory.mktemp("forkserver-logs")
     name = forkserver.new_name(os.getpid())
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO),
+    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO),
            forkserver.ENV_NAME: name, forkserver.ENV_OWNER: str(os.getpid()),
            forkserver.ENV_LOGS: str(logs)}
     yield env
@@ -475,7 +479,7 @@ def test_killed_server_is_replaced_and_one_without_owner_exits(tmp_path: Path) -
     """A server whose process died: the next job starts a new one. A server whose owner
     (the Snakemake process) is gone exits by itself."""
     owner = subprocess.Popen(["sleep", "600"])
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO),
+    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO),
            forkserver.ENV_NAME: forkserver.new_name(owner.pid),
            forkserver.ENV_OWNER: str(owner.pid), forkserver.ENV_LOGS: str(tmp_path)}
     try:
@@ -503,7 +507,7 @@ def test_a_runs_servers_start_together_before_its_first_repeat(tmp_path: Path) -
     """A run's job starts the servers of all its repeats at once and waits for them: the
     second server was started before the first repeat, not after it."""
     name = forkserver.new_name(os.getpid())
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO), forkserver.ENV_NAME: name,
+    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO), forkserver.ENV_NAME: name,
            forkserver.ENV_OWNER: str(os.getpid()), forkserver.ENV_LOGS: str(tmp_path)}
     out = tmp_path / "r{repeat}.json"
     cmd = [PY, "-m", "pipeline.guard", "--repeats", "2", "--fork-slot", "{repeat}",

@@ -228,8 +228,9 @@ def test_one_output_file_reruns_only_its_job(smoke_copy: Path) -> None:
 
 
 def test_editing_one_run_reruns_only_that_run(smoke_copy: Path, tmp_path: Path) -> None:
+    # the run whose jobs end soonest (at its memory cap, before its first step)
     config = yaml.safe_load(SMOKE_CONFIG.read_text())
-    config["runs"]["gpt_tiny_train_bf16"]["seed"] = 7
+    config["runs"]["gpt_small_oom"]["seed"] = 7
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(config))
     untouched = results(smoke_copy) / "gpt_tiny_train_fp32" / "profile.sqlite"
@@ -242,7 +243,7 @@ def test_editing_one_run_reruns_only_that_run(smoke_copy: Path, tmp_path: Path) 
     }
     assert "calibrate" not in counts and "plan" in counts
     assert untouched.stat().st_mtime_ns == before
-    times = json.loads((results(smoke_copy) / "gpt_tiny_train_bf16" / "times.json").read_text())
+    times = json.loads((results(smoke_copy) / "gpt_small_oom" / "times.json").read_text())
     assert times["params"]["seed"] == 7
 
 

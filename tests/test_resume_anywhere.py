@@ -27,6 +27,7 @@ CONFIG = {
     "results": RESULTS,
     "timing": {"repeats": 1},
     "calibrate": False,
+    "nsys": {"trace": "cuda,nvtx"},  # config.yaml's lean tracer (tests/smoke.yaml says why)
     "defaults": {"device": "cpu", "dtype": "fp32", "warmup": 1, "steps": 2, "seed": 0},
     "runs": {
         "naive": {"workload": "attention", "impl": "naive", "batch": 2, "seq": 32, "embed": 16,

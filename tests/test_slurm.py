@@ -82,9 +82,10 @@ def slurm_run(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: Path,
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
-    """The same selection on this machine: `--cores 4`, profiles/default's `gpu: 2`."""
+    """The same selection on this machine: `--cores 4` and one GPU token (this host's count
+    without a GPU, given explicitly: the one-token case of the token test below)."""
     workdir = tmp_path_factory.mktemp("local")
-    snakemake(workdir, *smoke_args("--cores", "4"))
+    snakemake(workdir, *smoke_args("--cores", "4", "--resources", "gpu=1"))
     return workdir
 
 
@@ -250,7 +251,7 @@ def test_gpu_work_takes_turns_while_analysis_overlaps(local_run: Path) -> None:
     gpu = sorted(i for i in intervals if i[2] in GPU_RULES)
     analysis = [i for i in intervals if i[2] == "run_stats"]
     assert len(gpu) == 1 + 2 * len(SELECT) and len(analysis) == len(SELECT)
-    # calibration and timing take the whole GPU (both of its tokens): nothing GPU beside them
+    # calibration and timing take the whole GPU: nothing GPU beside them
     whole = [i for i in gpu if i[2] != "profile"]
     assert not any(overlaps(w, g) for w in whole for g in gpu if g is not w), gpu
     # captures may run two at once, but their device phases (from the device lock to the
@@ -266,19 +267,21 @@ def test_gpu_work_takes_turns_while_analysis_overlaps(local_run: Path) -> None:
     assert any(overlaps(a, c) for a in analysis for c in captures), intervals
 
 
-def test_captures_overlap_as_the_tokens_allow(tmp_path: Path, nsys: str) -> None:
+def test_captures_overlap_as_the_tokens_allow(tmp_path: Path, nsys: str,
+                                              local_run: Path) -> None:
     """The control for the test above: with three tokens the captures start together, yet
     the device lock still runs their device phases one after another; with one token
-    (`--resources gpu=1`) no two GPU jobs overlap at all."""
-    targets = [f"{RESULTS}/{run}/profile.sqlite" for run in SELECT]
-    for tokens in (3, 1):
-        workdir = tmp_path / f"gpu{tokens}"
-        workdir.mkdir()
-        snakemake(workdir, *targets, "--cores", "4", "--resources", f"gpu={tokens}",
-                  "--configfile", str(SMOKE_CONFIG), "--config",
-                  f"select=[{','.join(SELECT)}]")
+    (`--resources gpu=1`: the local run) no two GPU jobs overlap at all."""
+    captured = SELECT[:2]  # two captures are enough to overlap
+    targets = [f"{RESULTS}/{run}/profile.sqlite" for run in captured]
+    three = tmp_path / "gpu3"
+    three.mkdir()
+    snakemake(three, *targets, "--cores", "4", "--resources", "gpu=3",
+              "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(captured)}]")
+    for workdir, tokens, jobs in ((three, 3, len(captured)),
+                                  (local_run, 1, 1 + 2 * len(SELECT))):
         gpu = sorted(i for i in job_intervals(workdir) if i[2] in GPU_RULES)
-        assert len(gpu) == len(SELECT)
+        assert len(gpu) == jobs
         overlapping = any(overlaps(a, b) for a in gpu for b in gpu if a is not b)
         assert overlapping == (tokens > 1), (tokens, gpu)
         phases = capture_device_phases(workdir)
