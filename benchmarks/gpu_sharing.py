@@ -19,13 +19,17 @@ Exit status 1 when two jobs shared a GPU while a timing job ran.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from analysis.metrics.timing import summarize  # noqa: E402
+from analysis.outputs.runs import read_timing  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -99,36 +103,43 @@ def busy_share(jobs: list[GpuJob]) -> dict[str, dict[str, float]]:
     return out
 
 
-def read_summary(folder: Path) -> dict[str, dict[str, str]]:
-    with open(folder / "summary.csv", newline="") as f:
-        return {row["run"]: row for row in csv.DictReader(f)}
-
-
-def number(row: dict[str, str], key: str) -> float:
-    try:
-        return float(row.get(key) or "nan")
-    except ValueError:
-        return math.nan
+def step_summaries(results: Path) -> dict[str, Any]:
+    """Each run's untraced step time and 95% CI from its timing records (also for a folder
+    whose pipeline has not finished: the runs it timed)."""
+    out = {}
+    for timing in sorted(results.glob("*/timing")):
+        per_process = read_timing(timing.parent).per_process_ms
+        if per_process:
+            out[timing.parent.name] = summarize(per_process)
+    return out
 
 
 def compare_steps(results: Path, reference: Path) -> list[dict[str, Any]]:
-    """Runs ok on both sides: step times, their ratio, and whether the 95% CIs overlap."""
-    mine, ref = read_summary(results), read_summary(reference)
+    """Runs timed on both sides: step times, their ratio, and whether the 95% CIs overlap."""
+    mine, ref = step_summaries(results), step_summaries(reference)
     rows = []
     for run in sorted(set(mine) & set(ref)):
         a, b = mine[run], ref[run]
-        if a.get("status") != "ok" or b.get("status") != "ok":
-            continue
-        ms, ref_ms = number(a, "step_ms"), number(b, "step_ms")
-        if not (ms > 0 and ref_ms > 0):
-            continue
-        lo, hi = number(a, "step_ci_low_ms"), number(a, "step_ci_high_ms")
-        ref_lo, ref_hi = number(b, "step_ci_low_ms"), number(b, "step_ci_high_ms")
-        rows.append({"run": run, "step_ms": ms, "reference_ms": ref_ms,
-                     "ratio": ms / ref_ms, "cis_overlap": lo <= ref_hi and ref_lo <= hi,
-                     "unstable": "unstable" in (a.get("flags") or "")
-                     or "unstable" in (b.get("flags") or "")})
+        rows.append({"run": run, "step_ms": a.median_ms, "reference_ms": b.median_ms,
+                     "ratio": a.median_ms / b.median_ms,
+                     "cis_overlap": a.ci_low_ms <= b.ci_high_ms and b.ci_low_ms <= a.ci_high_ms,
+                     "unstable": a.unstable or b.unstable})
     return rows
+
+
+def compare_jobs(jobs: list[GpuJob], reference: list[GpuJob]) -> dict[str, Any]:
+    """Jobs of both folders (same run and kind): the median ratio of their durations, and
+    what every job of this folder would take one after another at the reference's pace (a
+    one-GPU invocation runs its GPU jobs one at a time: a lower bound of its wall time)."""
+    ref = {(j.run, j.kind): j.end - j.start for j in reference}
+    ratios = sorted(ref[(j.run, j.kind)] / (j.end - j.start) for j in jobs
+                    if (j.run, j.kind) in ref and j.end > j.start)
+    if not ratios:
+        return {"jobs_in_both": 0}
+    median = ratios[len(ratios) // 2]
+    serial = sum(j.end - j.start for j in jobs)
+    return {"jobs_in_both": len(ratios), "duration_ratio_median": round(median, 3),
+            "serial_s": round(serial, 1), "serial_at_reference_pace_s": round(serial * median, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wall time {args.wall_s:.0f} s vs {args.reference_wall_s:.0f} s on one GPU: "
               f"{out['wall_ratio']:.0%}")
     if args.reference:
+        pace = compare_jobs(jobs, gpu_jobs(args.reference))
+        out["reference_jobs"] = pace
+        if pace["jobs_in_both"]:
+            print(f"{pace['jobs_in_both']} jobs in both: the reference's take "
+                  f"{pace['duration_ratio_median']:.2f}x as long (median); this folder's "
+                  f"{len(jobs)} GPU jobs one after another: {pace['serial_s']:.0f} s, at the "
+                  f"reference's pace {pace['serial_at_reference_pace_s']:.0f} s")
         rows = compare_steps(args.results, args.reference)
         out["steps"] = rows
         inside = sum(r["cis_overlap"] for r in rows)
