@@ -272,14 +272,12 @@ def test_captures_overlap_as_the_tokens_allow(tmp_path: Path, nsys: str,
     """The control for the test above: with three tokens the captures start together, yet
     the device lock still runs their device phases one after another; with one token
     (`--resources gpu=1`: the local run) no two GPU jobs overlap at all."""
-    captured = SELECT[:2]  # two captures are enough to overlap
-    targets = [f"{RESULTS}/{run}/profile.sqlite" for run in captured]
+    targets = [f"{RESULTS}/{run}/profile.sqlite" for run in SELECT]
     three = tmp_path / "gpu3"
     three.mkdir()
     snakemake(three, *targets, "--cores", "4", "--resources", "gpu=3",
-              "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(captured)}]")
-    for workdir, tokens, jobs in ((three, 3, len(captured)),
-                                  (local_run, 1, 1 + 2 * len(SELECT))):
+              "--configfile", str(SMOKE_CONFIG), "--config", f"select=[{','.join(SELECT)}]")
+    for workdir, tokens, jobs in ((three, 3, len(SELECT)), (local_run, 1, 1 + 2 * len(SELECT))):
         gpu = sorted(i for i in job_intervals(workdir) if i[2] in GPU_RULES)
         assert len(gpu) == jobs
         overlapping = any(overlaps(a, b) for a in gpu for b in gpu if a is not b)
