@@ -4,16 +4,17 @@ Reads the GPU jobs' records of one results folder (each guard writes the GPUs it
 when: ``assigned_gpus``, ``guard_unix``; pipeline/gpus.py) and prints
 
 * per GPU: the jobs it ran and the share of the run's GPU span it was held;
-* whether any GPU was held by two jobs at once while one of them was a timing job (the
-  resource model says never; a capture beside a capture is allowed only on separate GPUs too);
+* whether any GPU was held by two jobs at once (the resource model says never: a job takes
+  whole GPUs of its own, docs/cluster.md);
 * with ``--reference`` (the same config's one-GPU results folder, e.g. a published one):
   each run's untraced step time beside the reference's, and whether their 95% CIs overlap;
   with ``--wall-s`` and ``--reference-wall-s``, the ratio of the two invocations' wall times.
 
-    python benchmarks/gpu_sharing.py --results results --reference published/h100/standard \\
-        --wall-s 380 --reference-wall-s 954 [--json out.json]
+    python benchmarks/gpu_sharing.py --results results --reference results-1gpu \\
+        --wall-s 340 --reference-wall-s 1170 [--json out.json]
 
-Exit status 1 when two jobs shared a GPU while a timing job ran.
+A reference folder that is not finished compares the runs it has timed. Exit status 1 when two
+jobs shared a GPU.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from analysis.metrics.timing import summarize  # noqa: E402
-from analysis.outputs.runs import read_timing  # noqa: E402
+from analysis.outputs.runs import read_json, read_timing  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,7 @@ def gpu_jobs(results: Path) -> list[GpuJob]:
     for path in sorted(results.rglob("*.json")):
         if "stats" in path.parts:
             continue
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        record = read_json(path)
         if not isinstance(record, dict):
             continue
         held, guard = record.get("assigned_gpus"), record.get("guard_unix") or {}
@@ -78,10 +76,10 @@ def overlap(a: GpuJob, b: GpuJob) -> bool:
     return a.start < b.end and b.start < a.end
 
 
-def shared_while_timing(jobs: list[GpuJob]) -> list[tuple[GpuJob, GpuJob]]:
-    """Pairs of jobs that held one GPU at the same time, one of them a timing job."""
+def shared_gpus(jobs: list[GpuJob]) -> list[tuple[GpuJob, GpuJob]]:
+    """Pairs of jobs that held one GPU at the same time."""
     return [(a, b) for i, a in enumerate(jobs) for b in jobs[i + 1:]
-            if "timing" in (a.kind, b.kind) and overlap(a, b) and set(a.gpus) & set(b.gpus)]
+            if overlap(a, b) and set(a.gpus) & set(b.gpus)]
 
 
 def busy_share(jobs: list[GpuJob]) -> dict[str, dict[str, float]]:
@@ -153,16 +151,16 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = gpu_jobs(args.results)
     busy = busy_share(jobs)
-    shared = shared_while_timing(jobs)
+    shared = shared_gpus(jobs)
     print(f"{len(jobs)} GPU jobs on {len(busy)} GPU(s)")
     for gpu, row in busy.items():
         print(f"  {gpu}: {row['jobs']} jobs, held {row['held_s']} s, "
               f"{row['share']:.0%} of the GPU span")
-    print(f"GPU shared with a timing job: {len(shared)} time(s)")
+    print(f"GPU held by two jobs at once: {len(shared)} time(s)")
     for a, b in shared[:10]:
         print(f"  {a.run} ({a.kind}) and {b.run} ({b.kind}) on {set(a.gpus) & set(b.gpus)}")
     out: dict[str, Any] = {"jobs": [asdict(j) for j in jobs], "busy": busy,
-                           "shared_while_timing": len(shared)}
+                           "shared_gpus": len(shared)}
     if args.wall_s and args.reference_wall_s:
         out["wall_ratio"] = args.wall_s / args.reference_wall_s
         print(f"wall time {args.wall_s:.0f} s vs {args.reference_wall_s:.0f} s on one GPU: "

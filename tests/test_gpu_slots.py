@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,3 +201,45 @@ def test_timing_jobs_are_forked_by_their_gpus_fork_servers(four_gpu_run: Path) -
         server = gpus.FORK_SLOTS_PER_GPU * record["assigned_gpus"]["indices"][0]
         log = (four_gpu_run / "logs" / "time_run" / f"{run}.log").read_text()
         assert f"forked by fork server {server} " in log, log[-2000:]
+
+
+@pytest.mark.slow
+def test_gpu_sharing_benchmark_reads_the_runs_assignment(four_gpu_run: Path,
+                                                         tmp_path: Path) -> None:
+    """benchmarks/gpu_sharing.py on the run's records, as a user runs it: every job on the GPUs
+    its record names, none held by two jobs at once; against itself as the reference, every
+    run within its own CI and the jobs at the same pace."""
+    out = tmp_path / "sharing.json"
+    done = subprocess.run([PY, "benchmarks/gpu_sharing.py", "--results", str(four_gpu_run),
+                           "--reference", str(four_gpu_run), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    records = job_records(four_gpu_run)
+    assert {j["run"] for j in report["jobs"]} == set(RUNS)
+    for job in report["jobs"]:
+        assert job["gpus"] == records[job["run"]]["assigned_gpus"]["gpus"]
+        assert (job["start"], job["end"]) == held(records[job["run"]])
+    assert report["shared_gpus"] == 0
+    assert sum(row["jobs"] for row in report["busy"].values()) == 2 + 2  # s1, s2; ddp on two
+    assert {r["run"] for r in report["steps"]} == set(RUNS)
+    assert all(r["cis_overlap"] and r["ratio"] == 1 for r in report["steps"])
+    assert report["reference_jobs"]["duration_ratio_median"] == 1
+    assert "GPU held by two jobs at once: 0" in done.stdout
+
+
+@pytest.mark.slow
+def test_gpu_sharing_benchmark_fails_on_a_shared_gpu(four_gpu_run: Path, tmp_path: Path) -> None:
+    """The same records with s2 put on s1's GPU (the two ran side by side): exit 1, one pair."""
+    copy = tmp_path / "results"
+    shutil.copytree(four_gpu_run, copy)
+    path = copy / "s2" / "timing" / "r0.json"
+    record = json.loads(path.read_text())
+    record["assigned_gpus"]["gpus"] = job_records(four_gpu_run)["s1"]["assigned_gpus"]["gpus"]
+    path.write_text(json.dumps(record))
+    done = subprocess.run([PY, "benchmarks/gpu_sharing.py", "--results", str(copy)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "GPU held by two jobs at once: 1 time(s)" in done.stdout
+    assert any(f"{a} (timing) and {b} (timing)" in done.stdout
+               for a, b in (("s1", "s2"), ("s2", "s1"))), done.stdout
