@@ -48,7 +48,7 @@ def job_kind(path: Path) -> str:
     """A record's job kind from where the pipeline writes it."""
     if path.parent.name == "timing":
         return "timing"
-    if "calibrat" in str(path):
+    if path.name.startswith("calibration"):
         return "calibrate"
     return "capture"
 

@@ -20,6 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_CONFIG = REPO / "tests" / "smoke.yaml"
+# config.yaml's nsys tracer for the tests' own configs (tests/smoke.yaml says why: OS runtime
+# tracing, the schema's default, feeds no table and costs every CPU capture 2-3 s)
+LEAN_NSYS = {"trace": "cuda,nvtx"}
 
 
 # `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a

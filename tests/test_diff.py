@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, snakemake
+from conftest import LEAN_NSYS, REPO, snakemake
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.text import Text
@@ -474,7 +474,7 @@ def pipeline_config(step_ms: float) -> dict:
         "results": "results",
         "timing": {"repeats": PIPELINE_REPEATS},
         "calibrate": False,
-        "nsys": {"trace": "cuda,nvtx"},  # config.yaml's lean tracer (tests/smoke.yaml says why)
+        "nsys": LEAN_NSYS,
         # six timing processes of a sleep: starting them costs less than starting the three
         # fork servers, which preload torch and Inductor (tests/test_forkserver.py tests those)
         "launcher": "process",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_checkout, private_tmpdir
+from conftest import LEAN_NSYS, copy_checkout, private_tmpdir
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ CONFIG = {
     "results": RESULTS,
     "timing": {"repeats": 1},
     "calibrate": False,
-    "nsys": {"trace": "cuda,nvtx"},  # config.yaml's lean tracer (tests/smoke.yaml says why)
+    "nsys": LEAN_NSYS,
     "defaults": {"device": "cpu", "dtype": "fp32", "warmup": 1, "steps": 2, "seed": 0},
     "runs": {
         "naive": {"workload": "attention", "impl": "naive", "batch": 2, "seq": 32, "embed": 16,
