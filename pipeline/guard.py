@@ -42,7 +42,8 @@ becomes that of its GPU's server, and RESULT.json records them (``assigned_gpus`
 
 A command that fails the way nsys does when it loses its own agent while a session starts
 (exit 1 or 0 within seconds, no record written, "Connection to Agent lost" or "End of file") is
-started once more before it is judged: nothing of the run existed yet.
+started once more before it is judged: nothing of the run existed yet. Under torchrun, where
+that rank's exit 0 leaves the other ranks waiting for it, the guard stops the command first.
 
 Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
 errors; 128+N when the guard itself got signal N (SIGINT/SIGTERM/SIGHUP): the signal goes to
@@ -98,6 +99,11 @@ NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 30.0
 START_RETRIES = 2
+# A rank's nsys that lost its agent may exit 0: torchrun then takes that rank for done and its
+# peers wait for it in init_process_group until their collective timeout (10 min). A command
+# still running this long after saying so is stopped, and started again like the others.
+START_FAILURE_STOP_S = 3.0
+POLL_S = 0.5  # how often the guard looks at a running command's output for that
 WATCH_S = 0.02  # how often the guard looks for a repeat's record, to start the next one
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
 TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
@@ -138,6 +144,8 @@ class Outcome:
     # a repeat started while the previous one exited: when its gate opened (its share of the
     # job's timeline starts here, where the previous repeat's ended)
     gate_unix: float | None = None
+    # stopped by the guard: nsys had lost its agent while starting (START_FAILURE_STOP_S)
+    stopped_at_start: bool = False
 
     @property
     def signal_name(self) -> str | None:
@@ -270,11 +278,13 @@ def wait_command(started: Started, timeout_s: float | None, grace_s: float,
     """Wait for a started command to end, killing it on timeout. `watch` is called every
     WATCH_S while it runs, until it returns True."""
     proc = started.proc
-    timed_out = False
+    timed_out = stopped_at_start = False
+    lost_agent_seen: float | None = None
     deadline = None if timeout_s is None else started.start + timeout_s
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        step = left if watch is None else WATCH_S if left is None else min(WATCH_S, left)
+        poll = WATCH_S if watch is not None else POLL_S
+        step = poll if left is None else min(poll, left)
         try:
             proc.wait(timeout=step)
             break
@@ -285,13 +295,29 @@ def wait_command(started: Started, timeout_s: float | None, grace_s: float,
                 break
             if watch is not None and watch():
                 watch = None
+            if lost_agent_seen is None and lost_agent_at_start(started):
+                lost_agent_seen = time.monotonic()
+            if lost_agent_seen and time.monotonic() - lost_agent_seen >= START_FAILURE_STOP_S:
+                print("guard: nsys lost its agent while starting and the command goes on "
+                      "(the other ranks wait for that one): stopping it", file=sys.stderr)
+                stopped_at_start = True
+                _stop_group(proc, signal.SIGTERM, grace_s)
+                break
     _drain(proc, started.pumps)
     running.remove(proc)
     lost = getattr(proc, "lost", None)
     if lost:
         started.tail.append(f"guard: {lost}")
     return Outcome(proc.returncode, round(time.monotonic() - started.start, 3), timed_out,
-                   started.started_unix, started.tail, started.gate_unix)
+                   started.started_unix, started.tail, started.gate_unix, stopped_at_start)
+
+
+def lost_agent_at_start(started: Started) -> bool:
+    """The running command said that nsys lost its agent, while its session was starting."""
+    if time.monotonic() - started.start > START_FAILURE_MAX_S + TORCHRUN_START_S:
+        return False
+    # a copy first: the output pumps append to the tail while the guard reads it
+    return any(NSYS_START_FAILURE.search(line.strip()) for line in list(started.tail))
 
 
 def _launch(cmd: list[str], fork_slot: int | None, timeout_s: float | None,
@@ -653,6 +679,8 @@ def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
     exited 0 after "Connection to Agent lost"), no record of the run.
     Under torchrun (one nsys per rank), torchrun's own start-up comes first, and a rank that
     only saw its peer's nsys fail, stopped by torchrun, may have recorded just that."""
+    if outcome.stopped_at_start:
+        return own is None or launch.only_stopped(own)
     under_torchrun = _torchrun_report_at(outcome.tail) is not None
     window = START_FAILURE_MAX_S + (TORCHRUN_START_S if under_torchrun else 0.0)
     nothing_recorded = own is None or (under_torchrun and launch.only_stopped(own))

@@ -52,10 +52,11 @@ def guard(tmp_path: Path, cmd: list[str]) -> tuple[dict, str, int]:
     return json.loads(out.read_text()), done.stderr, int((tmp_path / "starts").read_text())
 
 
-def ranks_command(tmp_path: Path, failing_rank: int) -> list[str]:
+def ranks_command(tmp_path: Path, failing_rank: int, exit_code: int = 1) -> list[str]:
     """Two ranks under torchrun (pipeline/launch.py); each launch is counted in
     tmp_path/starts before torchrun starts. In the first launch `failing_rank` fails as nsys
-    does at start while the other waits (as in init_process_group) until torchrun stops it,
+    does at start (exit 1, or 0: then torchrun waits for the other rank) while the other waits
+    (as in init_process_group) until torchrun or the guard stops it,
     and then records only that, as the workloads do on SIGTERM (a rank stopped before it got
     that far records nothing). In the second, rank 0 writes an ok record."""
     out = tmp_path / "result.json"
@@ -73,7 +74,7 @@ signal.signal(signal.SIGTERM, stopped)
 if launch == 1:
     if rank == {failing_rank}:
         print({NO_ENDPOINT!r}, file=sys.stderr)
-        sys.exit(1)
+        sys.exit({exit_code})
     time.sleep(60)
 out.write_text(json.dumps({{"status": "ok", "step_ms": [1.0]}}))
 """
@@ -108,10 +109,10 @@ def test_other_failures_are_not_retried(tmp_path: Path, message: str, record_fir
     assert "starting the command again" not in log
 
 
-@pytest.mark.parametrize("failing_rank", [0, 1])
+@pytest.mark.parametrize(("failing_rank", "exit_code"), [(0, 1), (1, 1), (0, 0)])
 def test_one_rank_nsys_losing_its_agent_at_start_starts_every_rank_again(
-        tmp_path: Path, failing_rank: int) -> None:
-    result, log, starts = guard(tmp_path, ranks_command(tmp_path, failing_rank))
+        tmp_path: Path, failing_rank: int, exit_code: int) -> None:
+    result, log, starts = guard(tmp_path, ranks_command(tmp_path, failing_rank, exit_code))
     assert starts == 2
     assert result["status"] == "ok" and result["step_ms"] == [1.0]
     assert log.count("starting the command again") == 1
