@@ -28,13 +28,12 @@ LEAN_NSYS = {"trace": "cuda,nvtx"}
 # `make test` runs pytest-xdist with `--dist loadfile`: each file goes whole to one worker (a
 # file's module fixtures are made once), in collection order, the next file to the first
 # worker with at most two tests left. The files that take longest come first. The smoke run
-# (test_pipeline.py), which several files compare with, and the Slurm cluster (mostly waiting
-# on its jobs) start at once; the distributed runs and the container tests follow on the
-# worker that ran the cluster, so the container tests find the smoke run made when they
-# compare the image's run with it instead of waiting for it. test_workloads.py's compiled run
+# (test_pipeline.py), which several files compare with, and the distributed runs start at
+# once; the Slurm cluster and the container tests follow, so that their comparisons with the
+# smoke run find it made instead of waiting for it. test_workloads.py's compiled run
 # shares its graphs with test_compile_blocks.py's (Inductor's cache): files apart, so that one
 # finds what the other compiled rather than compiling it at the same time.
-FIRST_FILES = ("test_pipeline.py", "test_slurm.py", "test_distributed.py", "test_container.py",
+FIRST_FILES = ("test_pipeline.py", "test_distributed.py", "test_slurm.py", "test_container.py",
                "test_resume_anywhere.py", "test_model_workload.py", "test_forkserver.py",
                "test_compile_blocks.py", "test_resume.py", "test_diff.py", "test_launch.py",
                "test_model_examples.py", "test_workloads.py", "test_config.py",

@@ -1,12 +1,12 @@
-"""Interruption: the smoke pipeline killed with a real signal while a profile job runs, then
-started again, finishes the matrix without redoing finished runs, and ends where an
-uninterrupted run ends (same rows, same NVTX counts). No half-written capture is kept."""
+"""Interruption: the smoke pipeline killed with a real signal while a profile job runs (SIGINT,
+then SIGKILL on the resumed run), then started again, finishes the matrix without redoing
+finished runs, and ends where an uninterrupted run ends (same rows, same NVTX counts). No
+half-written capture is kept."""
 
 from __future__ import annotations
 
 import base64
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -81,30 +81,27 @@ def _start_pipeline(workdir: Path, log: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-@pytest.fixture(scope="module")
-def one_run_finished(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
-    """A working folder where one run is finished (a user who asked for one target), made once
-    for both signals: each test starts from its own copy."""
-    workdir = tmp_path_factory.mktemp("resume") / "work"
+def _finish_one_run(workdir: Path) -> None:
+    """One run finished, as for a user who asked for one target first."""
     workdir.mkdir()
     snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG), "--config", SELECT,
               "--", f"{RESULTS}/{FIRST_RUN}/stats/metrics.json")
     assert _finished_runs(workdir) == [FIRST_RUN]
-    return workdir
 
 
-def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, float]:
+def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, int]:
     """With one run finished, start the whole pipeline, send `signum` to it while a profile
     job is capturing, and return the finished files' mtimes at that moment. Finishing the run
     beforehand makes the moment certain: Snakemake may otherwise run every capture before the
     first analysis ends."""
     assert _finished_runs(workdir) == [FIRST_RUN]
-    proc = _start_pipeline(workdir, workdir / "first.log")
+    log = workdir / f"{signal.Signals(signum).name}.log"
+    proc = _start_pipeline(workdir, log)
     results = workdir / RESULTS
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
         while not (_finished_runs(workdir) and _profiling_now(proc.pid)):
-            assert proc.poll() is None, (workdir / "first.log").read_text()[-4000:]
+            assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "no profile job seen running"
             time.sleep(0.2)
         # a finished run's files, less any a job running now is writing (its timing twin)
@@ -130,17 +127,22 @@ def _nvtx_counts(results: Path, run: str) -> dict[str, int]:
     return dict(zip(nvtx["Range"], nvtx["Instances"], strict=True))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_killed_pipeline_resumes_without_recomputing(
-    tmp_path: Path, request: pytest.FixtureRequest, one_run_finished: Path, signum: int
+    tmp_path: Path, request: pytest.FixtureRequest, nsys: str
 ) -> None:
-    # the copy keeps the files' times and Snakemake's records, as the folder itself would
+    """Killed twice during the same capture, as a user's run may be: with SIGINT (Ctrl-C),
+    resumed, then with SIGKILL (a node lost), resumed again to the end."""
     workdir = tmp_path / "work"
-    shutil.copytree(one_run_finished, workdir, symlinks=True)
-    finished = _interrupt_during_a_capture(workdir, signum)
-    assert finished, "some runs had finished before the signal"
-    # A killed Snakemake leaves its lock behind: the documented resume is unlock + rerun.
-    snakemake(workdir, "--unlock", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
+    _finish_one_run(workdir)
+    finished: dict[str, int] = {}
+    for signum in (signal.SIGINT, signal.SIGKILL):
+        now_finished = _interrupt_during_a_capture(workdir, signum)
+        assert now_finished, "some runs had finished before the signal"
+        for path, mtime in finished.items():  # what the last resume found finished
+            assert now_finished.get(path) == mtime, f"recomputed: {path}"
+        finished = now_finished
+        # A killed Snakemake leaves its lock behind: the documented resume is unlock + rerun.
+        snakemake(workdir, "--unlock", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
     snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG), "--config", SELECT)
 
     # the uninterrupted run, asked for only now: another worker may still be making it

@@ -351,7 +351,9 @@ class DistributedRun:
             elif self.backend != "nccl":
                 ddp.register_comm_hook(None, ddp_allreduce_hook(self.log))
             self.log.arrive_at_collective = False
-            ddp.register_forward_hook(self._forward_done)
+            # kept out of a compiled graph; wrapped here, not decorated: the decorator would
+            # import torch._dynamo (1.5 s) in every workload process, DDP or not
+            ddp.register_forward_hook(torch.compiler.disable(self._forward_done))
             self.ddp = ddp
             return ddp
         from torch.distributed.fsdp import fully_shard
@@ -370,7 +372,6 @@ class DistributedRun:
             self.fsdp_comm_ranges = True
         return root
 
-    @torch.compiler.disable
     def _forward_done(self, *_: Any) -> None:
         """DDP's forward returned: the all-reduces follow in backward (arrival, straggler).
         Outside a compiled graph: it records an event and may sleep."""
