@@ -73,7 +73,7 @@ from typing import IO, Any
 from pipeline import bytecode, forkserver, gpus, launch
 from workloads import startgate
 from workloads.contract import EXIT_CODES
-from workloads.proctree import descendants
+from workloads.proctree import alive, descendants
 
 DEFAULT_GRACE_S = 10.0
 # The longest a job waits for a fork server that is still importing torch & co. before it
@@ -104,6 +104,7 @@ START_RETRIES = 2
 # still running this long after saying so is stopped, and started again like the others.
 START_FAILURE_STOP_S = 3.0
 POLL_S = 0.5  # how often the guard looks at a running command's output for that
+KILL_WAIT_S = 5.0  # how long a stopped command's processes may take to die of SIGKILL
 WATCH_S = 0.02  # how often the guard looks for a repeat's record, to start the next one
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
 TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
@@ -234,6 +235,17 @@ def _stop_group(proc: Proc, signum: int, grace_s: float) -> None:
         pass
     _signal_group(proc, signal.SIGKILL)
     proc.wait()
+    _wait_until_gone(proc)
+
+
+def _wait_until_gone(proc: Proc) -> None:
+    """SIGKILL takes effect asynchronously: wait until nothing below the command (and, for a
+    started command, none of its orphans the guard adopted) still runs, at most KILL_WAIT_S,
+    so that a stopped guard leaves nothing of its command behind when it exits."""
+    roots = {proc.pid, os.getpid()} if _ADOPTING else {proc.pid}
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(alive(pid) for pid in descendants(roots)) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _drain(proc: Proc, pumps: list[threading.Thread]) -> None:

@@ -329,6 +329,11 @@ def apply_memory_limit(limit_mb: int | None, device: torch.device) -> bool:
     memory than it uses and breaks under RLIMIT_AS). True when the limit was set."""
     if limit_mb is None or device.type != "cpu":
         return False
+    # The cap is for the run's allocations, not for what the process imports at first use
+    # (numpy's random module: the run record draws from it): a shared object mapped under the
+    # cap can fail to map, an ImportError where the run would have been an OOM.
+    with contextlib.suppress(ImportError):
+        import numpy.random  # noqa: F401
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = limit_mb << 20
     if hard != resource.RLIM_INFINITY:
