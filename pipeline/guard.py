@@ -42,8 +42,9 @@ becomes that of its GPU's server, and RESULT.json records them (``assigned_gpus`
 
 A command that fails the way nsys does when it loses its own agent while a session starts
 (exit 1 or 0 within seconds, no record written, "Connection to Agent lost" or "End of file") is
-started once more before it is judged: nothing of the run existed yet. Under torchrun, where
-that rank's exit 0 leaves the other ranks waiting for it, the guard stops the command first.
+started once more before it is judged: nothing of the run existed yet. One that goes on after
+saying so (under torchrun, that rank's nsys exited 0 and the other ranks wait for it) is
+stopped first.
 
 Exit status: 0 whenever RESULT.json was written (the status is the result); 2 for usage
 errors; 128+N when the guard itself got signal N (SIGINT/SIGTERM/SIGHUP): the signal goes to
@@ -292,6 +293,7 @@ def wait_command(started: Started, timeout_s: float | None, grace_s: float,
     proc = started.proc
     timed_out = stopped_at_start = False
     lost_agent_seen: float | None = None
+    next_look = started.start  # at the output, for a lost agent: every POLL_S
     deadline = None if timeout_s is None else started.start + timeout_s
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -307,8 +309,10 @@ def wait_command(started: Started, timeout_s: float | None, grace_s: float,
                 break
             if watch is not None and watch():
                 watch = None
-            if lost_agent_seen is None and lost_agent_at_start(started):
-                lost_agent_seen = time.monotonic()
+            if lost_agent_seen is None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + POLL_S
+                if lost_agent_at_start(started):
+                    lost_agent_seen = time.monotonic()
             if lost_agent_seen and time.monotonic() - lost_agent_seen >= START_FAILURE_STOP_S:
                 print("guard: nsys lost its agent while starting and the command goes on "
                       "(the other ranks wait for that one): stopping it", file=sys.stderr)
