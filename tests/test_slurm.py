@@ -33,7 +33,9 @@ TARGETS = [
     f"{RESULTS}/compare/attention/speedup.csv",
 ]
 GPU_RULES = {"calibrate", "time_run", "profile"}
-DEVICE_RULES = GPU_RULES | {"profile_ops"}  # and the op capture, which the selection lacks
+# captures; the op capture is the whole matrix's, not the selection's
+CAPTURE_RULES = {"profile", "profile_ops"}
+DEVICE_RULES = GPU_RULES | CAPTURE_RULES
 ANALYSIS_RULES = {"run_stats", "aggregate", "speedup", "compare"}
 LOCAL_RULES = {"plan"}
 # Columns of summary.csv that do not depend on timing: what the run was and how it ended.
@@ -85,8 +87,8 @@ def slurm_run(tmp_path_factory: pytest.TempPathFactory, slurm_cluster: Path,
 @pytest.fixture(scope="module")
 def local_run(smoke_workdir: Path) -> Path:
     """The same runs on this machine: the whole smoke matrix's run (tests/conftest.py, made
-    once for every test file), `--cores 2` and this host's one GPU token (none without a GPU:
-    the one-token case of the token test below)."""
+    once for every test file), `--cores 2` and the one GPU token of a host without a GPU (the
+    one-token case of the token test below)."""
     return smoke_workdir
 
 
@@ -247,11 +249,16 @@ def test_outputs_equal_a_local_run(slurm_run: tuple[Path, str], local_run: Path)
 # --- acceptance 3: one machine, the GPU's work one job at a time, analysis alongside -------
 
 
+def planned_runs(workdir: Path) -> list[dict]:
+    """The runs of the run's plan (plan.json)."""
+    return list(json.loads((workdir / RESULTS / "plan.json").read_text())["runs"].values())
+
+
 def device_jobs(workdir: Path) -> int:
     """The run's GPU jobs, from its plan: the calibration (the smoke config's default), a
     timing job per run, a capture per captured run and an op capture per run that asks for
     one."""
-    runs = json.loads((workdir / RESULTS / "plan.json").read_text())["runs"].values()
+    runs = planned_runs(workdir)
     return 1 + len(runs) + sum(r["profile"] for r in runs) + sum(bool(r["ops"]) for r in runs)
 
 
@@ -269,11 +276,10 @@ def test_gpu_work_takes_turns_while_analysis_overlaps(local_run: Path) -> None:
     intervals = job_intervals(local_run)
     gpu = sorted(i for i in intervals if i[2] in DEVICE_RULES)
     analysis = [i for i in intervals if i[2] == "run_stats"]
-    plan = json.loads((local_run / RESULTS / "plan.json").read_text())
     assert len(gpu) == device_jobs(local_run)
-    assert len(analysis) == sum(r["profile"] for r in plan["runs"].values())
+    assert len(analysis) == sum(r["profile"] for r in planned_runs(local_run))
     # calibration and timing take the whole GPU: nothing GPU beside them
-    whole = [i for i in gpu if i[2] not in ("profile", "profile_ops")]
+    whole = [i for i in gpu if i[2] not in CAPTURE_RULES]
     assert not any(overlaps(w, g) for w in whole for g in gpu if g is not w), gpu
     # captures may run two at once, but their device phases (from the device lock to the
     # record, after the measured steps) follow one another
@@ -292,7 +298,7 @@ def test_captures_overlap_as_the_tokens_allow(tmp_path: Path, nsys: str,
                                               local_run: Path) -> None:
     """The control for the test above: with three tokens the captures start together, yet
     the device lock still runs their device phases one after another; with one token
-    (`--resources gpu=1`: the local run) no two GPU jobs overlap at all."""
+    (the local run's) no two GPU jobs overlap at all."""
     targets = [f"{RESULTS}/{run}/profile.sqlite" for run in SELECT]
     three = tmp_path / "gpu3"
     three.mkdir()
