@@ -347,9 +347,9 @@ def test_the_injected_straggler_is_found_untraced_and_in_the_capture(results: Pa
     assert row["untraced_straggler_ms"] == pytest.approx(
         np.median(arrivals[knob_rank] - arrivals[1 - knob_rank]))
     assert row["untraced_straggler_ms"] == pytest.approx(knob_ms, rel=0.1)
-    # the capture: the other rank waits for it inside the collective, per step
+    # the capture: the other rank waits for it inside the first collective, per step
     rank_steps = pd.read_csv(results / STRAGGLER / "distributed" / "rank_steps.csv")
-    comm = rank_steps.pivot(index="step", columns="rank", values="comm_ms")
+    comm = rank_steps.pivot(index="step", columns="rank", values="first_comm_ms")
     assert row["straggler_rank"] == knob_rank
     assert row["straggler_ms"] == pytest.approx(
         np.median(comm[1 - knob_rank] - comm[knob_rank]))
@@ -452,7 +452,9 @@ def test_h200_results_are_this_analysis_and_their_captures_flagged(tmp_path: Pat
     for path in results.glob("*/distributed/metrics.json"):
         published = json.loads(path.read_text())
         rank_steps = pd.read_csv(path.with_name("rank_steps.csv"))
-        steps = {int(r): part[STEP_COLUMNS].to_dict("records")
+        # tables written before first_comm_ms: their lateness is from the whole communication
+        columns = [c for c in STEP_COLUMNS if c in rank_steps]
+        steps = {int(r): part[columns].to_dict("records")
                  for r, part in rank_steps.groupby("rank")}
         tables, metrics = across_ranks(steps, {}, published["timeline_source"])
         for key in ("step_ms", "compute_ms", "exposed_comm_ms", "idle_ms", "overlap",
@@ -568,6 +570,47 @@ def _gpu_sweep(export: Path) -> list[tuple[float, float | None]]:
     events = [("comm" if "nccl" in name.lower() else "op", s, e) for name, s, e in kernels]
     events += [("op", s, e) for s, e in others]
     return [_sweep(events, lo, hi) for lo, hi in steps]
+
+
+def _first_nccl_ms(export: Path) -> list[float]:
+    """Per profiled step, from SQL alone: the duration of the first NCCL kernel that starts
+    in it (ms)."""
+    con = sqlite3.connect(f"file:{export}?mode=ro", uri=True)
+    try:
+        steps = sorted(con.execute(
+            "SELECT e.start, e.end FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId"
+            " WHERE coalesce(e.text, s.value) = 'profiled_step' AND e.end IS NOT NULL"
+            " AND e.eventType IN (59, 60)").fetchall())
+        return [con.execute(
+            "SELECT k.end - k.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s"
+            " ON s.id = k.demangledName WHERE lower(s.value) LIKE '%nccl%' AND k.start >= ?"
+            " AND k.start < ? ORDER BY k.start LIMIT 1", (lo, hi)).fetchone()[0] / 1e6
+            for lo, hi in steps]
+    finally:
+        con.close()
+
+
+def test_first_collective_of_each_step_on_both_ranks_of_a_real_ddp_capture() -> None:
+    """Both ranks' exports of one DDP step on two H200s: each step's first collective is its
+    first NCCL kernel (SQL), and the lateness read from it is one rank's lead over the other."""
+    from analysis.metrics.ranks import rank_timeline, step_breakdown
+    from analysis.outputs.ranks import across_ranks
+    from analysis.reading import Export
+
+    steps = {}
+    for rank in range(2):
+        export = H200X2 / "gpt_small_ddp2_2gpu" / f"profile.rank{rank}.sqlite"
+        with Export(export) as ex:
+            steps[rank] = step_breakdown(rank_timeline(ex))
+        first = [row["first_comm_ms"] for row in steps[rank]]
+        assert first == pytest.approx(_first_nccl_ms(export), abs=1e-9)
+        assert all(0 < f < row["comm_ms"] for f, row in zip(first, steps[rank], strict=True))
+    tables, metrics = across_ranks(steps, {}, "kernels")
+    late = {r["rank"]: r["late_ms"] for r in tables["ranks"]}
+    expected = np.median([b["first_comm_ms"] - a["first_comm_ms"]
+                          for a, b in zip(steps[0], steps[1], strict=True)])
+    assert late[0] == pytest.approx(expected) and late[1] == pytest.approx(-expected)
+    assert metrics["straggler_ms"] == pytest.approx(abs(expected))
 
 
 def _all_reduce_sizes_per_step(tl: Any) -> list[list[int]]:

@@ -142,6 +142,9 @@ RESULT_KEYS = {
     # added with the operator table and the optimizer roofline
     "optimizer_bytes_per_step",
     "peak_memory_gbps",
+    # host-bound steps: the wait in each step's synchronize (GPU only), the CPU's speed
+    "sync_wait_ms",
+    "cpu_probe_ms",
 }
 
 

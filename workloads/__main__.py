@@ -34,6 +34,7 @@ from workloads import calibrate, flops, models, parallel, process_state, startga
 from workloads.attention import SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
+from workloads.cpuprobe import probe_ms
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpustate import GpuStateRecorder
 from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
@@ -144,20 +145,27 @@ def run_from_command_line(argv: list[str] | None) -> int:
         if args.cuda_graph == "step":
             step, graph = whole_step_graph(step, device)
 
+        probes: dict[str, float] = {}
+
         def before_measure() -> None:
             gpu.snapshot("before")
+            probes["before"] = probe_ms()
             if run:
                 run.log.measuring = True  # count the measured steps' collectives
+
+        def after_measure() -> None:
+            gpu.snapshot("after")
+            probes["after"] = probe_ms()
 
         with run.measuring() if run else contextlib.nullcontext():
             measurement = run_steps(
                 step, warmup=args.warmup, steps=args.steps, device=device,
-                before_measure=before_measure,
-                after_measure=lambda: gpu.snapshot("after"), op_ranges=args.op_ranges,
-                before_step=run.before_step if run else None,
+                before_measure=before_measure, after_measure=after_measure,
+                op_ranges=args.op_ranges, before_step=run.before_step if run else None,
             )
         process_state.mark(record.result["process"], "measured")
         record.succeed(workload, measurement, gpu.result(), graph)
+        record.result["cpu_probe_ms"] = probes
         if run:
             run.complete(record.result, workload.tokens_per_step)
     except BaseException as err:  # noqa: BLE001
@@ -254,6 +262,7 @@ class Record:
             step_ms=m.step_ms,
             step_times_ms=m.step_times_ms,
             cuda_event_times_ms=m.cuda_event_times_ms or None,
+            sync_wait_ms=m.sync_wait_ms or None,
             warmup_times_ms=m.warmup_times_ms,
             region_ms=m.region_ms or None,
             compile_s=None if self.args.compile == "off" else compile_s,
@@ -292,7 +301,7 @@ RESULT_TIMING_KEYS = (
     "timer", "cuda_event_times_ms", "warmup_times_ms", "region_ms", "compile_s", "mean_ms",
     "median_ms", "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
     "model_flops_per_step", "flops_per_step", "tflops", "peak_tflops", "mfu",
-    "optimizer_bytes_per_step", "peak_memory_gbps",
+    "optimizer_bytes_per_step", "peak_memory_gbps", "sync_wait_ms", "cpu_probe_ms",
 )
 
 

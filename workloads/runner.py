@@ -44,6 +44,10 @@ class Measurement:
     # push; its pop + cudaProfilerStop): where nsys starts and stops collecting in a capture
     # (its own cost inside the process, outside every step), ~0 untraced.
     region_ms: dict[str, float] = field(default_factory=dict)
+    # Host time each measured step spent waiting in its closing synchronize (CUDA only): ~0
+    # when the GPU finished as soon as the host had issued the step's last work, i.e. when
+    # the host's speed, not the GPU's, set the step time (a launch-bound step).
+    sync_wait_ms: list[float] = field(default_factory=list)
 
     @property
     def timer(self) -> str:
@@ -112,6 +116,7 @@ def run_steps(
     times_ms: list[float] = []
     event_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     loss_tensors: list[torch.Tensor] = []
+    sync_waits: list[float] = []
 
     with op_range_context(op_ranges, device):
         entering = time.perf_counter()
@@ -126,8 +131,12 @@ def run_steps(
                     begin()
                     loss = step()
                     end_event = _record_event() if on_cuda else None
+                    issued = time.perf_counter()
                     synchronize(device)
-                    times_ms.append((time.perf_counter() - start) * 1e3)
+                    done = time.perf_counter()
+                    times_ms.append((done - start) * 1e3)
+                    if on_cuda:
+                        sync_waits.append((done - issued) * 1e3)
                 if start_event is not None and end_event is not None:
                     event_pairs.append((start_event, end_event))
                 if loss is not None:
@@ -148,6 +157,7 @@ def run_steps(
         losses=[float(loss) for loss in loss_tensors],
         cuda_event_times_ms=[start.elapsed_time(end) for start, end in event_pairs],
         peak_memory_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
+        sync_wait_ms=sync_waits,
     )
 
 

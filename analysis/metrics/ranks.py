@@ -19,6 +19,11 @@ and, per step, with both merged into their union and clipped to the step's windo
     exposed       |comm \\ compute|   communication while no compute runs: what the step waits
     overlap       1 - exposed / communication (None without communication)
     idle          window - |compute U comm|
+    first comm    the duration of the step's first collective: every rank's ends together, so
+                  a rank that reaches it later spends that much less in it (the lateness
+                  analysis/outputs/ranks.py reads; the step's whole communication would also
+                  count, on the ranks that arrived first, every later collective queued behind
+                  the first while backward overlaps them)
 
 The same definitions as Holistic Trace Analysis' temporal and communication/computation
 overlap breakdowns (docs/distributed.md). Each collective: its op and message size (from the
@@ -47,7 +52,7 @@ NCCL_OPS = (("allreduce", "all_reduce"), ("allgather", "all_gather"),
             ("reducescatter", "reduce_scatter"), ("broadcast", "broadcast"),
             ("sendrecv", "send_recv"), ("alltoall", "all_to_all"))
 STEP_COLUMNS = ["step", "start_ns", "end_ns", "step_ms", "compute_ms", "comm_ms",
-                "exposed_comm_ms", "overlap", "idle_ms"]
+                "exposed_comm_ms", "overlap", "idle_ms", "first_comm_ms"]
 
 
 @dataclass
@@ -226,8 +231,18 @@ def bucket_sizes(tl: RankTimeline, buckets: list[int]) -> None:
             c.nbytes[inside[np.argsort(c.start[inside], kind="stable")]] = buckets
 
 
+def first_collective_ms(c: Collectives, lo: int, hi: int) -> float | None:
+    """The duration (ms) of the first collective that starts in [lo, hi), None without one."""
+    inside = np.flatnonzero((lo <= c.start) & (c.start < hi))
+    if not inside.size:
+        return None
+    first = inside[np.argmin(c.start[inside])]
+    return (int(c.end[first]) - int(c.start[first])) / 1e6
+
+
 def step_breakdown(tl: RankTimeline) -> list[dict[str, float | int | None]]:
-    """Per step: compute, communication, exposed communication, overlap and idle (ms)."""
+    """Per step: compute, communication, exposed communication, overlap and idle (ms), and
+    the first collective's duration."""
     rows = []
     for i, (lo, hi) in enumerate(tl.steps.tolist()):
         compute, comm = tl.compute.clip(lo, hi), tl.comm.clip(lo, hi)
@@ -238,6 +253,7 @@ def step_breakdown(tl: RankTimeline) -> list[dict[str, float | int | None]]:
             "compute_ms": c / 1e6, "comm_ms": m / 1e6, "exposed_comm_ms": (m - both) / 1e6,
             "overlap": both / m if m else None,
             "idle_ms": (hi - lo - (c + m - both)) / 1e6,
+            "first_comm_ms": first_collective_ms(tl.collectives, lo, hi),
         })  # fmt: skip
     return rows
 
@@ -255,5 +271,5 @@ def collective_rows(tl: RankTimeline) -> list[dict[str, object]]:
     return rows
 
 
-__all__ = ["Intervals", "RankTimeline", "bucket_sizes", "collective_rows", "rank_timeline",
-           "step_breakdown"]
+__all__ = ["Intervals", "RankTimeline", "bucket_sizes", "collective_rows", "first_collective_ms",
+           "rank_timeline", "step_breakdown"]

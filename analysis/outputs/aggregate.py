@@ -17,7 +17,9 @@ Where each number comes from (docs/timing.md):
 * ``selected``: false for a run that this invocation's ``select`` left out, summarized from
   the records an earlier invocation left (every finished run of the config has its row);
 * ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
-  ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``high_overhead`` (the
+  ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``host_bound`` /
+  ``cpu_speed_varied`` (the step's time is the host's; the host's speed moved during the run:
+  ``host_bound_share``, ``cpu_probe_spread``, analysis/metrics/host.py), ``high_overhead`` (the
   tracer slowed the step by more than 25%: the capture's timeline is distorted), ``failed``.
 """
 
@@ -30,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.metrics.host import cpu_probe_spread, host_bound_share, host_flags
 from analysis.metrics.roofline import memory_reference, optimizer_bytes, optimizer_roofline
 from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
 from analysis.outputs.runs import (
@@ -46,12 +49,11 @@ HIGH_OVERHEAD = 0.25
 FIRST = [
     "run", "workload", "status", "message", "flags", "step_ms", "step_ci_low_ms",
     "step_ci_high_ms", "step_ci_half_width_rel", "unstable", "step_iqr_ms", "step_min_ms",
-    "step_max_ms", "timing_processes", "timing_steps", "timer", "step_ms_traced",
+    "step_max_ms", "timing_processes", "timing_steps", "host_bound_share", "cpu_probe_spread",
+    "timer", "step_ms_traced",
     "profiler_overhead", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_measured_peak",
     "peak_memory_bytes", "compile_s",
 ]  # fmt: skip
-# Per-process values of the timing records that are not carried into the row.
-RECORD_LISTS = {"step_ms", "step_times_ms", "cuda_event_times_ms", "losses"}
 MEASURED_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp32": "fp32"}
 
 
@@ -77,6 +79,8 @@ def timing_columns(timing: Timing, threshold: float) -> dict[str, Any]:
         "step_ci_half_width_rel": s.ci_half_width_rel, "unstable": s.unstable,
         "step_iqr_ms": s.iqr_ms, "step_min_ms": s.min_ms, "step_max_ms": s.max_ms,
         "timing_processes": s.processes, "timing_steps": s.steps,
+        "host_bound_share": host_bound_share(timing.ok_records),
+        "cpu_probe_spread": cpu_probe_spread(timing.ok_records),
     }  # fmt: skip
 
 
@@ -210,6 +214,7 @@ def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
     if row.get("unstable"):
         flags.append("unstable")
     flags += gpu_flags(timing)
+    flags += host_flags(row.get("host_bound_share"), row.get("cpu_probe_spread"))
     if (row.get("profiler_overhead") or 0) > HIGH_OVERHEAD:
         flags.append("high_overhead")
     return flags

@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.metrics.categories import OPTIMIZER_PHASE
+from analysis.metrics.host import HOST_BOUND_SHARE
 from analysis.metrics.ops import OUTSIDE
 from analysis.metrics.roofline import ROOFLINE_SHARE
 from analysis.outputs.comm_findings import COMM_RULES
@@ -277,10 +278,27 @@ def unstable_timing(ctx: Context, run: str) -> Iterator[Finding]:
         threshold = float(ctx.plan.get("timing", {}).get("unstable_threshold", 0.03))
         f = _summary_finding(
             ctx, run, "unstable_timing", "step_ci_half_width_rel", threshold,
-            f"unstable timing: 95% CI is ±{half:.1%} of the median",
-            "more repeats or steps; check gpu_state flags (throttling, other processes)", "info")
+            f"unstable timing: 95% CI is ±{half:.1%} of the median", unstable_fix(ctx, run),
+            "info")
         f.about = MEASUREMENT
         yield f
+
+
+def unstable_fix(ctx: Context, run: str) -> str:
+    """What to do about a wide CI; for a host-bound step, why more repeats will not narrow it
+    and which launch-removing fixes the run does not have yet."""
+    share = ctx.cell(run, "host_bound_share")
+    if share is None or share < HOST_BOUND_SHARE:
+        return "more repeats or steps; check gpu_state flags (throttling, other processes)"
+    spread = ctx.cell(run, "cpu_probe_spread")
+    moved = (f"; the host's own speed moved {spread:.0%} between its CPU probes"
+             if spread is not None else "")
+    todo = [x.text for x in (COMPILE, CUDA_GRAPHS, STEP_IN_ONE_GRAPH)
+            if not x.applied(ctx.params(run))]
+    cure = f"{' or '.join(todo)} takes work off the host" if todo else "fewer launches"
+    return (f"the step is host-bound (the host waited for the GPU in {1 - share:.0%} of it), "
+            f"so its time follows the CPU's speed{moved}; more repeats do not narrow it: "
+            f"{cure}, or time it on a quieter host")
 
 
 def op_fixes(op: str, params: dict[str, Any]) -> list[Fix]:

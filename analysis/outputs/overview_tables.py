@@ -227,6 +227,8 @@ FLAG_MEANING = {
     "power_capped": "the GPU held its clocks to its power limit",
     "throttled": "thermal or hardware clock slowdown",
     "shared_gpu": "another process used the GPU",
+    "host_bound": "the GPU waited on the host: the step's time is the CPU's",
+    "cpu_speed_varied": "the host CPU's speed moved by over 10% during the run",
 }
 
 

@@ -7,11 +7,12 @@ writes (definitions in analysis/metrics/ranks.py and docs/distributed.md):
 
 * ``rank_steps.csv``: rank, step, step/compute/communication/exposed/idle ms, overlap;
 * ``ranks.csv``: the same per rank, mean over its steps, and ``late_ms``: how much later than
-  the others the rank reaches the collectives (:func:`lateness` of its communication time:
-  the others wait for a late rank inside the collective, so it spends the least time there);
+  the others the rank reaches the collectives (:func:`lateness` of the time it spends in each
+  step's first collective: the others wait for a late rank inside it, so it spends the least);
 * ``steps.csv``: per step, across ranks: the slowest and fastest rank by step time and the
   spread (slowest - fastest), the rank with the most compute and the compute spread, and the
-  latest rank (the least communication) with the others' median communication minus its own;
+  latest rank (the least time in the first collective) with the others' median time there
+  minus its own;
 * ``collectives.csv``: per collective op and message size, over all ranks and measured steps:
   count, median time, algorithm bandwidth ``bytes / time`` and bus bandwidth ``algbw x
   factor`` (nccl-tests: 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
@@ -104,10 +105,19 @@ def straggler_of(late: list[float | None]) -> tuple[int | None, float | None]:
     return rank, value
 
 
+def waited_ms(step: dict[str, Any]) -> float:
+    """The time a rank spent in its step's first collective (analysis/metrics/ranks.py): a
+    rank that arrives late waits the least inside it, the others wait for it. Tables made
+    before ``first_comm_ms`` was recorded: the step's whole communication time."""
+    first = step.get("first_comm_ms")
+    if first is None or first != first:  # absent, or NaN from a CSV
+        return step["comm_ms"] if "first_comm_ms" not in step else 0.0
+    return first
+
+
 def comm_arrivals(per_rank: dict[int, list[dict[str, Any]]]) -> list[list[float]]:
-    """Communication time as an arrival (later = larger): a rank that arrives late at a
-    collective waits the least inside it, the others wait for it."""
-    return [[-s["comm_ms"] for s in per_rank[r]] for r in sorted(per_rank)]
+    """The time in the first collective as an arrival (later = larger)."""
+    return [[-waited_ms(s) for s in per_rank[r]] for r in sorted(per_rank)]
 
 
 def straggler_rows(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -120,15 +130,15 @@ def straggler_rows(per_rank: dict[int, list[dict[str, Any]]]) -> list[dict[str, 
         fast = min(step, key=lambda r: step[r]["step_ms"])
         busy = max(step, key=lambda r: step[r]["compute_ms"])
         idle = min(step, key=lambda r: step[r]["compute_ms"])
-        late = min(step, key=lambda r: step[r]["comm_ms"])
-        others = [step[r]["comm_ms"] for r in step if r != late]
+        late = min(step, key=lambda r: waited_ms(step[r]))
+        others = [waited_ms(step[r]) for r in step if r != late]
         rows.append({
             "step": i, "slowest_rank": slow, "fastest_rank": fast,
             "step_spread_ms": step[slow]["step_ms"] - step[fast]["step_ms"],
             "max_compute_rank": busy,
             "compute_spread_ms": step[busy]["compute_ms"] - step[idle]["compute_ms"],
             "late_rank": late,
-            "late_ms": statistics.median(others) - step[late]["comm_ms"] if others else None,
+            "late_ms": statistics.median(others) - waited_ms(step[late]) if others else None,
         })  # fmt: skip
     return rows
 
