@@ -3,9 +3,10 @@
 A launch-bound step (its host issues work more slowly than the GPU runs it) lasts as long as
 its host takes, so on a machine whose CPU speed drifts (virtual CPUs beside other tenants,
 frequency scaling) its time drifts with it, from step to step and from process to process.
-Measured on a 16-vCPU H100 virtual machine with nothing else running: this loop's median
-over 40 rounds moved between 11.7 and 20.8 ms within a minute, and GPT small's bf16 eager
-step (host-bound: the host waited 0.1 ms of a 55-92 ms step for the GPU) moved with it.
+Measured on a 16-vCPU H100 virtual machine with nothing else running: this loop's body run
+150,000 times took between 11.7 and 20.8 ms (median of 40 runs) within a minute, and GPT
+small's bf16 eager step (host-bound: the host waited 0.1 ms of a 54-92 ms step for the GPU)
+moved with it.
 Timed before and after the measured steps (never inside them), it lets the summary tell a
 host whose speed moved (``cpu_probe_spread``) from a workload that did."""
 
