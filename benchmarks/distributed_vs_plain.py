@@ -43,6 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 PLAIN = REPO / "benchmarks" / "plain_distributed.py"
 sys.path.insert(0, str(REPO))
 
+from analysis.metrics.host import HOST_BOUND_SHARE, host_bound_share  # noqa: E402
+from analysis.outputs.runs import read_timing  # noqa: E402
 from pipeline.launch import NCCL_ENV  # noqa: E402
 
 # The pipeline's acceptance for its untraced step against the plain script's.
@@ -69,6 +71,7 @@ class PipelineRun:
     process_ms: list[float] = field(default_factory=list)
     traced_ms: float | None = None
     params_count: int | None = None
+    host_bound_share: float | None = None  # analysis/metrics/host.py, from its timing records
 
     def get(self, key: str) -> Any:
         return self.options.get(key)
@@ -99,26 +102,18 @@ def read_results(folder: Path) -> list[PipelineRun]:
         if params.get("workload") != "gpt" or params.get("mode") != "train":
             continue
         row = rows.get(name, {})
+        timing = read_timing(folder / name).ok_records  # its processes that measured, in order
         low, high = _number(row.get("step_ci_low_ms")), _number(row.get("step_ci_high_ms"))
         count = _number(row.get("params_count"))
         ok = row.get("status") == "ok"
         runs.append(PipelineRun(
             name, workload_options(params), step_ms=_number(row.get("step_ms")) if ok else None,
             ci_ms=(low, high) if low is not None and high is not None else None,
-            process_ms=process_medians(folder / name / "timing"),
+            process_ms=[float(r["median_ms"]) for r in timing],
+            host_bound_share=host_bound_share(timing),
             traced_ms=_number(row.get("step_ms_traced")),
             params_count=int(count) if count is not None else None))
     return runs
-
-
-def process_medians(timing: Path) -> list[float]:
-    """The median step of each of a run's timing processes (r0, r1, ...) that succeeded."""
-    medians = []
-    for path in sorted(timing.glob("r*.json"), key=lambda p: int(p.stem[1:] or 0)):
-        record = json.loads(path.read_text())
-        if record.get("status") == "ok":
-            medians.append(float(record["median_ms"]))
-    return medians
 
 
 def why_not_comparable(run: PipelineRun) -> str | None:
@@ -223,6 +218,7 @@ def comparison_row(run: PipelineRun, plain: list[dict[str, Any]]) -> dict[str, A
         "pipeline_ci_high_ms": run.ci_ms[1] if run.ci_ms else None,
         "pipeline_process_ms": run.process_ms, "pipeline_spread": spread(run.process_ms),
         "pipeline_traced_ms": run.traced_ms,
+        "pipeline_host_bound_share": run.host_bound_share,
         "ratio": ratio, "within_5pct": abs(ratio - 1) <= WITHIN if ratio else None,
         "params_plain": ok[0].get("params") if ok else None,
         "params_pipeline": run.params_count,
@@ -233,13 +229,17 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'run':<26} {'gpus':>4}  {'plain ms':>9} {'(spread)':>8}  {'pipeline ms':>11} "
-            f"{'[95% CI]':<17} {'processes':<18} {'ratio':>6}  {'sync ms':>7}")
+            f"{'[95% CI]':<17} {'processes':<18} {'ratio':>6}  {'sync ms':>7}  {'host':>4}")
     lines = [head, "-" * len(head)]
     for r in rows:
         ci = (f"[{_ms(r['pipeline_ci_low_ms'])}, {_ms(r['pipeline_ci_high_ms'])}]"
@@ -250,9 +250,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['run']:<26} {r['gpus']:>4}  {_ms(r['plain_ms']):>9} "
             f"{'(' + _pct(r['plain_spread']) + ')':>8}  {_ms(r['pipeline_ms']):>11} {ci:<17} "
-            f"{procs:<18} {ratio:>6}  {_ms(r['plain_sync_cost_ms']):>7}")
+            f"{procs:<18} {ratio:>6}  {_ms(r['plain_sync_cost_ms']):>7}  "
+            f"{_share(r['pipeline_host_bound_share']):>4}")
     lines.append(f"ratio: pipeline / plain ('!' beyond {WITHIN:.0%}); spread: (max - min) / "
                  "median over launches; sync ms: step - the step without gradient sync")
+    lines.append(f"host: the pipeline's host_bound_share (at least {HOST_BOUND_SHARE}: the step "
+                 "lasts as long as its host takes to issue it, in the plain script too, and "
+                 "both follow the host CPU's speed: docs/timing.md)")
     lines.append(parameter_check(rows))
     return "\n".join(lines)
 

@@ -159,6 +159,30 @@ def test_table_beside_the_published_numbers(vs_plain: tuple) -> None:
     assert again["runs"]["gpt_small_ddp2"]["ratio"] == pytest.approx(row["ratio"])
 
 
+def test_table_says_which_pipeline_steps_are_host_bound() -> None:
+    """Two H200s' records (tests/fixtures/h200x2/host): each run's host_bound_share comes from
+    its own timing records and is printed beside its ratio; the published folder's records,
+    made before the share existed, print none."""
+    from analysis.metrics.host import host_bound_share
+    from analysis.outputs.runs import read_timing
+
+    host = REPO / "tests" / "fixtures" / "h200x2" / "host"
+    runs = {r.name: r for r in distributed_vs_plain.read_results(host)}
+    for name, run in runs.items():
+        assert run.host_bound_share == pytest.approx(
+            host_bound_share(read_timing(host / name).ok_records))
+    assert runs["gpt_small_ddp2"].host_bound_share > 0.9 > runs["gpt_small_ddp2_b128"
+                                                                ].host_bound_share
+    plain = [{"status": "ok", "step_ms": 50.0}]
+    table = distributed_vs_plain.format_table(
+        [distributed_vs_plain.comparison_row(runs["gpt_small_ddp2"], plain)])
+    line = next(x for x in table.splitlines() if x.startswith("gpt_small_ddp2"))
+    assert line.endswith(f"{runs['gpt_small_ddp2'].host_bound_share:.2f}")
+    assert "host: the pipeline's host_bound_share" in table
+    published = {r.name: r for r in distributed_vs_plain.read_results(PUBLISHED)}
+    assert published["gpt_small_ddp2"].host_bound_share is None
+
+
 def test_dry_run_gives_each_published_run_its_plain_counterpart() -> None:
     result, printed = quietly(distributed_vs_plain.main, ["--results", str(PUBLISHED),
                                                           "--dry-run"])
