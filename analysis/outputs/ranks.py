@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.metrics.ranks import STEP_COLUMNS, collective_rows, rank_timeline, step_breakdown
+from analysis.outputs.runs import empty_cell
 from analysis.reading import Export
 
 TABLES = {
@@ -109,10 +110,10 @@ def waited_ms(step: dict[str, Any]) -> float:
     """The time a rank spent in its step's first collective (analysis/metrics/ranks.py): a
     rank that arrives late waits the least inside it, the others wait for it. Tables made
     before ``first_comm_ms`` was recorded: the step's whole communication time."""
-    first = step.get("first_comm_ms")
-    if first is None or first != first:  # absent, or NaN from a CSV
-        return step["comm_ms"] if "first_comm_ms" not in step else 0.0
-    return first
+    if "first_comm_ms" not in step:
+        return step["comm_ms"]
+    first = step["first_comm_ms"]
+    return 0.0 if empty_cell(first) else first  # a step without a collective
 
 
 def comm_arrivals(per_rank: dict[int, list[dict[str, Any]]]) -> list[list[float]]:
