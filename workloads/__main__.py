@@ -284,7 +284,8 @@ class Record:
         )
         if workload.structure is not None:
             self.result["structure"] = {"layers": workload.structure.layers,
-                                        "sublayers": workload.structure.sublayers}
+                                        "sublayers": workload.structure.sublayers,
+                                        "found": workload.structure.found}
         if workload.module_paths is not None:
             self.result["module_paths"] = workload.module_paths
         if workload.module_depth is not None:

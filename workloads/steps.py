@@ -327,7 +327,7 @@ def track_provenance() -> None:
 
 
 # A version in the pass's uuid keeps Inductor's cache honest (MODULE_PATH_LINE: parts.py).
-_MODULE_PATHS_UUID = "profbench-module-paths-2"
+_MODULE_PATHS_UUID = "profbench-module-paths-3"
 # forward nodes' module paths by stack trace, for the backward graph compiled after them
 _PATH_BY_TRACE: dict[str, str] = {}
 
@@ -337,14 +337,18 @@ def track_module_paths() -> None:
     a post-grad pass appends it to the node's stack trace (``nn_module_stack`` in forward,
     ``fwd_nn_module_stack`` in backward), which provenance tracking records for each kernel
     and Inductor's cache keeps with the compiled code, so a capture that loads the timing
-    processes' code still has it. Model workloads only: the GPT maps its kernels by source."""
+    processes' code still has it. A forward node that AOTAutograd's partitioner put in the
+    backward graph (activation checkpointing's recomputation, or its own rematerialization)
+    gets a second line, ``RECOMPUTE_LINE``. Model workloads only: the GPT maps its kernels by
+    source."""
     import torch._inductor.config as inductor_config
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    from workloads.models.parts import MODULE_PATH_LINE
+    from workloads.models.parts import MODULE_PATH_LINE, RECOMPUTE_LINE
 
     class ModulePaths(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
+            backward = any(n.meta.get("partitioner_tag") == "is_backward" for n in graph.nodes)
             for node in graph.nodes:
                 stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
                 trace = node.meta.get("stack_trace")
@@ -356,8 +360,11 @@ def track_module_paths() -> None:
                 else:  # a backward node AOTAutograd gave no module: its forward's, by source
                     path = _PATH_BY_TRACE.get(trace)
                 if path is not None:
-                    node.meta["stack_trace"] = (trace.rstrip("\n") + "\n  "
-                                                + MODULE_PATH_LINE.format(path) + "\n")
+                    lines = [MODULE_PATH_LINE.format(path)]
+                    if backward and node.meta.get("partitioner_tag") == "is_forward":
+                        lines.append(RECOMPUTE_LINE)
+                    node.meta["stack_trace"] = trace.rstrip("\n") + "".join(
+                        f"\n  {line}" for line in lines) + "\n"
 
         def uuid(self) -> str:
             return _MODULE_PATHS_UUID
@@ -474,7 +481,7 @@ CAPTURE_ENV = "PROFBENCH_CAPTURE"
 def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Workload:
     """A user's model (workloads/models/model.py) on a fixed batch from its batch maker."""
     from workloads import module_ranges
-    from workloads.models.parts import Structure
+    from workloads.models.parts import Structure, find_structure
 
     _check_mode(options.mode, GPT_MODES, "model")
     device, speed = run.device, run.speed
@@ -491,7 +498,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     if options.mode == "train" and parts.loss is None:
         raise ValueError(f"factory {options.factory!r} returned no loss: mode train needs one")
     structure = Structure(options.layers, options.sublayers) if options.layers else (
-        parts.structure or Structure())
+        parts.structure or find_structure(model))
     params_count = _count(model)
     counted = count_step_flops(model, inputs, targets, parts.loss, options.mode, run.dtype,
                                device)

@@ -41,7 +41,7 @@ import numpy as np
 from analysis.metrics.gpuops import GpuOps, gpu_ops
 from analysis.reading.export import Export
 from analysis.reports.nvtx import PID_MASK
-from workloads.models.parts import MODULE_RANGE_PREFIX
+from workloads.models.parts import MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
 
 if TYPE_CHECKING:
     from analysis.metrics.attribution import Attribution
@@ -123,6 +123,7 @@ class _Ranges:
     end: np.ndarray
     pid: np.ndarray
     codes: dict[str, np.ndarray]  # name -> indices into start/end/pid
+    unclosed: dict[str, int]  # name -> ranges that never ended in the capture
 
     @classmethod
     def of(cls, ex: Export) -> _Ranges | None:
@@ -136,8 +137,11 @@ class _Ranges:
         for c, n in enumerate(names):
             by_name.setdefault(n, []).append(c)
         codes = {n: np.flatnonzero(np.isin(code, cs)) for n, cs in by_name.items()}
+        open_codes = nv.name_code[nv.end < nv.start]
+        unclosed = {n: int(np.isin(open_codes, cs).sum()) for n, cs in by_name.items()}
         return cls(nv.start[closed], nv.end[closed], nv.global_tid[closed] & PID_MASK,
-                   {n: i for n, i in codes.items() if i.size})
+                   {n: i for n, i in codes.items() if i.size},
+                   {n: k for n, k in unclosed.items() if k})
 
     def ops_inside(self, name: str, ops: GpuOps) -> np.ndarray:
         i = self.codes.get(name)
@@ -334,7 +338,8 @@ def _kind(name: str) -> str:
         return "layer"
     if name.endswith("_sublayer"):
         return "sublayer"
-    if name.startswith(MODULE_RANGE_PREFIX):  # a model workload's (analysis/metrics/modules.py)
+    # a model workload's, and their recomputation by checkpointing (analysis/metrics/modules.py)
+    if name.startswith((MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX)):
         return "module"
     if name in ("warmup",):
         return "other"

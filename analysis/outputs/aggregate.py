@@ -20,7 +20,9 @@ Where each number comes from (docs/timing.md):
   ``throttled`` / ``shared_gpu`` (NVML during a timing process), ``host_bound`` /
   ``cpu_speed_varied`` (the step's time is the host's; the host's speed moved during the run:
   ``host_bound_share``, ``cpu_probe_spread``, analysis/metrics/host.py), ``high_overhead`` (the
-  tracer slowed the step by more than 25%: the capture's timeline is distorted), ``failed``.
+  tracer slowed the step by more than 25%: the capture's timeline is distorted),
+  ``module_attribution_suspect`` (the module table failed its self-check, the column of that
+  name says how: analysis/metrics/modulecheck.py), ``failed``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
 from analysis.outputs.runs import (
     OK,
     Timing,
+    empty_cell,
     read_json,
     read_plan,
     read_timing,
@@ -148,7 +151,7 @@ def run_row(
     row.update(traced_columns(times, step_ms))
     row.update(throughput_columns(first, step_ms, calibration))
     row.update(status=_status(timing, times), message=_message(timing, times))
-    row.update(flags=";".join(_flags(row, timing)))
+    row["flags"] = ""  # after the capture's metrics, which can raise one
     row["timer"] = first.get("timer")
     for key in ("peak_memory_bytes", "compile_s", "device_name", "torch", "cuda", "params_count"):
         row[key] = first.get(key)
@@ -166,6 +169,7 @@ def run_row(
     row.update(record_commits([*timing.records, *([times] if times else [])]))
     # the driver, as NVML reported it during the timing run (None without NVML)
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
+    row["flags"] = ";".join(_flags(row, timing))
     return row
 
 
@@ -217,6 +221,8 @@ def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
     flags += host_flags(row.get("host_bound_share"), row.get("cpu_probe_spread"))
     if (row.get("profiler_overhead") or 0) > HIGH_OVERHEAD:
         flags.append("high_overhead")
+    if not empty_cell(row.get("module_attribution_suspect")):
+        flags.append("module_attribution_suspect")
     return flags
 
 

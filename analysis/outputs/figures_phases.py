@@ -20,6 +20,7 @@ from matplotlib.patches import Patch
 from analysis.metrics.modules import outermost
 from analysis.outputs import style
 from analysis.outputs.figure_data import STEP_RANGE, num, run_names, stats_tables
+from analysis.outputs.runs import module_table_suspect
 
 # NVTX ranges inside attention (workloads/attention.py), in execution order
 ATTENTION_STEPS = tuple(style.ATTENTION_STEP_COLORS)
@@ -122,8 +123,13 @@ def _layer_frame(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def module_frame(results: Path, runs: list[str]) -> dict[str, list[tuple[str, float, float]]]:
     """run -> its top module groups: (label, forward share, backward share of the step)."""
-    return _module_groups(stats_tables(results, runs, TABLE),
-                          stats_tables(results, runs, MODULE_TABLE))
+    return _module_groups(stats_tables(results, runs, TABLE), trusted_modules(results, runs))
+
+
+def trusted_modules(results: Path, runs: list[str]) -> dict[str, pd.DataFrame]:
+    """The runs' module tables that pass their self-check (a suspect one is not drawn)."""
+    return {run: table for run, table in stats_tables(results, runs, MODULE_TABLE).items()
+            if module_table_suspect(results, run) is None}
 
 
 def _module_groups(phase_tables: dict[str, pd.DataFrame], module_tables: dict[str, pd.DataFrame]
@@ -202,7 +208,7 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
     layers = _layer_frame(tables)
     layers = layers.loc[[r for r in phases.index if r in layers.index]]
     runs = list(phases.index)
-    modules = _module_groups(tables, stats_tables(results, runs, MODULE_TABLE))
+    modules = _module_groups(tables, trusted_modules(results, runs))
     title, share_of = _title(set(phases[CLOCK]))
     widths = [4.0] + [3.0] * ((not parts.empty) + (not layers.empty) + bool(modules))
     row_in = MODULE_ROW_IN if modules else style.ROW_IN

@@ -17,7 +17,7 @@ import pandas as pd
 from analysis.metrics.modules import outermost
 from analysis.outputs.overview_experiments import number
 from analysis.outputs.overview_page import EMPTY, Grid, Titled
-from analysis.outputs.runs import OK, empty_cell
+from analysis.outputs.runs import OK, empty_cell, module_table_suspect
 
 TOP_OPS = 5
 OP_CAPTURE, KERNEL_MAP = "ops.csv", "compiled_ops.csv"
@@ -183,6 +183,12 @@ def module_tables(results: Path, ladders: dict[str, pd.DataFrame]) -> list[Title
         run = str(ok.loc[ok["step_ms"].idxmin(), "run"])
         modules = _read_modules(results / run / "stats" / "module_table.csv")
         if modules is None:
+            continue
+        suspect = module_table_suspect(results, run)
+        if suspect:
+            out.append(Titled(f"Where the step goes by module: {run}", Grid(
+                ["module table not shown"], [[f"it fails its self-check: {suspect}"]],
+                f"`{run}/stats/module_table.csv` (docs/analysis.md, the module table).")))
             continue
         glance = module_glance(modules)
         out.append(Titled(f"Where the step goes by module: {run}", Grid(

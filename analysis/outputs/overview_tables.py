@@ -229,6 +229,8 @@ FLAG_MEANING = {
     "shared_gpu": "another process used the GPU",
     "host_bound": "the GPU waited on the host: the step's time is the CPU's",
     "cpu_speed_varied": "the host CPU's speed moved by over 10% during the run",
+    "module_attribution_suspect": "the module table fails its own checks (summary.csv "
+                                  "module_attribution_suspect names the worst): not drawn",
 }
 
 

@@ -75,6 +75,14 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def module_table_suspect(results: Path, run: str) -> str | None:
+    """Why the run's module table failed its self-check (analysis/metrics/modulecheck.py),
+    or None: a table that fails is not drawn as if it were true."""
+    metrics = read_json(results / run / "stats" / "metrics.json") or {}
+    reason = metrics.get("module_attribution_suspect")
+    return str(reason) if reason else None
+
+
 def read_plan(results: Path) -> dict[str, Any]:
     plan = read_json(results / "plan.json")
     if plan is None:

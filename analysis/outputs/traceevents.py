@@ -35,7 +35,7 @@ from analysis.metrics.attribution import Attribution, attribute
 from analysis.metrics.extras import RunInputs, op_categories
 from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.modules import PREFIX as MODULE_PREFIX
-from analysis.metrics.modules import _compiled_paths, structure_of
+from analysis.metrics.modules import RECOMPUTE, _compiled_paths, structure_of
 from analysis.metrics.phases import STEP_RANGE, _kind, _Ranges, op_phases
 from analysis.metrics.ranks import _ranges
 from analysis.reading.codes import dense_codes
@@ -234,13 +234,17 @@ def _eager_places(ex: Export, ops: GpuOps, labels: _Labels
     ranges = _Ranges.of(ex)
     if ranges is None or ops.size == 0:
         return layer, sublayer, module
-    by_depth = sorted(ranges.codes, key=lambda n: n.count("."))  # deeper modules overwrite
+    # deeper modules overwrite, and a recomputation the backward range it runs in
+    by_depth = sorted(ranges.codes, key=lambda n: (n.count("."), n.startswith(RECOMPUTE)))
     for name in by_depth:
         kind = _kind(name)
         target = {"layer": layer, "sublayer": sublayer, "module": module}.get(kind)
         if target is None:
             continue
-        value = name[len(MODULE_PREFIX):] if kind == "module" else name
+        value = name
+        if kind == "module":
+            value = (f"{name[len(RECOMPUTE):]} (recompute)" if name.startswith(RECOMPUTE)
+                     else name[len(MODULE_PREFIX):])
         target[ranges.ops_inside(name, ops)] = labels.code(value)
     return layer, sublayer, module
 

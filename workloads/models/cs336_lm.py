@@ -8,6 +8,10 @@ names are those of cs336_basics, so a student's own model profiles with the same
       cs336_small: {workload: model, factory: "workloads/models/cs336_lm.py:make",
                     kwargs: {context_length: 256}, batch: 8, mode: train, dtype: bf16}
 
+``checkpoint``: activation checkpointing of every block with ``torch.utils.checkpoint``
+(``nonreentrant``, PyTorch's recommended form, or ``reentrant``): each block's forward runs
+again in backward, as a model trained at the edge of its memory does.
+
 This file stands alone (torch only) as a user's model file would.
 """
 
@@ -18,11 +22,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint as recompute_in_backward
 
 from workloads.models.parts import ModelParts, Structure
 
 # The batch maker's seed: every call, and every run, sees the same tokens.
 SEED = 0
+CHECKPOINTS = ("none", "nonreentrant", "reentrant")
 
 
 class RMSNorm(nn.Module):
@@ -110,8 +116,12 @@ class TransformerBlock(nn.Module):
 
 class TransformerLM(nn.Module):
     def __init__(self, vocab_size: int, context_length: int, d_model: int, num_layers: int,
-                 num_heads: int, d_ff: int, rope_theta: float = 10_000.0) -> None:
+                 num_heads: int, d_ff: int, rope_theta: float = 10_000.0,
+                 checkpoint: str = "none") -> None:
         super().__init__()
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(f"checkpoint {checkpoint!r}: expected one of {CHECKPOINTS}")
+        self.checkpoint = checkpoint
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model {d_model} must split into {num_heads} heads of an even "
                              "size (RoPE rotates pairs)")
@@ -133,7 +143,11 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence {tokens.size(-1)} > context {self.context_length}")
         x = self.token_embeddings(tokens)
         for layer in self.layers:
-            x = layer(x)
+            if self.checkpoint == "none" or not torch.is_grad_enabled():
+                x = layer(x)
+            else:
+                x = recompute_in_backward(layer, x,
+                                          use_reentrant=self.checkpoint == "reentrant")
         return self.lm_head(self.ln_final(x))
 
 
@@ -155,10 +169,10 @@ def count_parameters(d_model: int, d_ff: int, num_layers: int, vocab_size: int) 
 
 def make(d_model: int = 768, d_ff: int = 3072, num_layers: int = 12, num_heads: int = 12,
          vocab_size: int = 10_000, context_length: int = 512,
-         rope_theta: float = 10_000.0) -> ModelParts:
+         rope_theta: float = 10_000.0, checkpoint: str = "none") -> ModelParts:
     """The model (CS336's "small" by default), random tokens and next-token cross entropy."""
     model = TransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
-                          rope_theta)
+                          rope_theta, checkpoint)
 
     def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         # Drawn on the CPU so the tokens are the same on every device.

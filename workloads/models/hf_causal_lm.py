@@ -38,11 +38,13 @@ SEED = 0
 def make(arch: str = "gpt2", n_layer: int = 12, n_embd: int = 768, n_head: int = 12,
          vocab_size: int = 50257, context_length: int = 1024,
          attn_implementation: str = "sdpa", intermediate_size: int | None = None,
-         dropout: float = 0.0) -> ModelParts:
+         dropout: float = 0.0, gradient_checkpointing: bool = False) -> ModelParts:
     """GPT-2 small (124M) by default. ``arch="llama"`` gives a Llama of the same width and
     depth: SwiGLU MLP of ``intermediate_size`` (default 8/3 * n_embd rounded up to a
     multiple of 256, as Llama does), RMSNorm, RoPE, untied embeddings. ``dropout`` is 0 as in
-    pretraining, so a step's work does not depend on random masks."""
+    pretraining, so a step's work does not depend on random masks. ``gradient_checkpointing``:
+    the model's own ``gradient_checkpointing_enable()`` (each block's forward recomputed in
+    backward)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
     # Any Hub access that slipped in would fail at once instead of waiting on the network.
@@ -77,6 +79,8 @@ def make(arch: str = "gpt2", n_layer: int = 12, n_embd: int = 768, n_head: int =
             use_cache=False, attn_implementation=attn_implementation,
         )
         model = transformers.LlamaForCausalLM(config)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
 
     def make_batch(batch_size: int,
                    device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -11,14 +11,10 @@ norms and the downsample shortcut are the sublayers. Needs torchvision:
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from workloads.models.parts import ModelParts, Structure, import_torchvision
+from workloads.models.vision import classification_loss, image_batches
 
 DEPTHS = (18, 34, 50, 101, 152)
-# The batch maker's seed: every call, and every run, sees the same images and labels.
-SEED = 0
 
 
 def make(depth: int = 50, image_size: int = 224, num_classes: int = 1000,
@@ -38,21 +34,10 @@ def make(depth: int = 50, image_size: int = 224, num_classes: int = 1000,
     kwargs = {"width_per_group": width_per_group} if depth >= 50 else {}
     model = getattr(models, f"resnet{depth}")(weights=None, num_classes=num_classes, **kwargs)
 
-    def make_batch(batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Drawn on the CPU so the batch is the same on every device. NCHW float32: profbench
-        # converts it to channels-last when the run asks, and autocast picks the dtype.
-        generator = torch.Generator().manual_seed(SEED)
-        images = torch.randn(batch_size, 3, image_size, image_size, generator=generator)
-        labels = torch.randint(0, num_classes, (batch_size,), generator=generator)
-        return images.to(device), labels.to(device)
-
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), labels)
-
     return ModelParts(
         model=model,
-        make_batch=make_batch,
-        loss=loss,
+        make_batch=image_batches(image_size, num_classes),
+        loss=classification_loss,
         # `layer?.*` matches a block (`layer1.0`) and everything inside it; the outermost
         # match wins, and a stage (`layer1`) has no dot after it, so it is no layer.
         structure=Structure(layers="layer?.*", sublayers="conv*|bn*|downsample"),
