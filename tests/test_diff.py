@@ -163,9 +163,12 @@ def test_explanation_from_the_kernel_tables(sides: tuple[Path, Path], tmp_path: 
     assert cats.loc["Softmax", "new_ms_per_step"] == 0
     ranges = pd.read_csv(tmp_path / "ranges.csv").set_index("range")
     assert (ranges["basis"] == "gpu").all()
-    # the naive-only ranges vanish on the new side
-    assert ranges.loc["computing softmax", "new_ms_per_step"] == 0
+    # the naive-only ranges are not on the new side: not comparable, not a -100% change
     assert ranges.loc["computing softmax", "old_ms_per_step"] > 0
+    assert pd.isna(ranges.loc["computing softmax", "new_ms_per_step"])
+    assert pd.isna(ranges.loc["computing softmax", "delta_ms_per_step"])
+    assert ranges.loc["computing softmax", "comparable"] == (
+        "not comparable (no such range in new: its code does not open it)")
     kernels = pd.read_csv(tmp_path / "kernels.csv")
     deltas = kernels["delta_ms_per_step"].abs()
     assert list(deltas) == sorted(deltas, reverse=True)
@@ -202,12 +205,16 @@ def test_runs_only_on_one_side_and_traced_fallback(sides: tuple[Path, Path],
     """A published-style side: runs/<run>/ with times.json and the CSVs beside it, no timing/."""
     old, new = sides
     published = tmp_path / "published" / "sub" / "runs"
-    for run in ("attn", "gone"):
+    for run in ("attn", "gone", "dropped"):
         (published / run).mkdir(parents=True)
         shutil.copy(old / "attn" / "times.json", published / run / "times.json")
         for csv in (old / "attn" / "stats").glob("*.csv"):
             shutil.copy(csv, published / run / csv.name)
-    shutil.copy(old / "summary.csv", published.parent / "summary.csv")  # as published has it
+    # as published has it; "dropped" is a folder its summary does not list (a run the config
+    # has since dropped): not a run of that side
+    summary = pd.read_csv(old / "summary.csv")
+    summary["run"] = summary["run"].replace({"gpt": "gone"})
+    summary.to_csv(published.parent / "summary.csv", index=False)
     out = tmp_path / "out"
     diff.write_diff(tmp_path / "published", new, out, threshold_pct=20)
     runs = pd.read_csv(out / "runs.csv").set_index("run")
@@ -218,6 +225,7 @@ def test_runs_only_on_one_side_and_traced_fallback(sides: tuple[Path, Path],
     assert runs.loc["attn", "old_processes"] == 1
     assert runs.loc["gone", "presence"] == "old_only"
     assert runs.loc["gpt", "presence"] == "new_only"
+    assert "dropped" not in runs.index
     text = (out / "summary.md").read_text()
     assert "mixes traced and untraced" in text
     assert "**Only in old** (1): `gone`" in text
@@ -363,7 +371,7 @@ def test_only_failed_runs_in_common(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"wrote {tmp_path / 'out'}: 1 run matched: 0 slower, 0 faster, 0 within noise, 1 failed "
-        "on a side; 1 only in old, 0 only in new.",
+        "on both sides; 1 only in old, 0 only in new.",
         f"only in old (1): {ATTENTION_RUNS[0]}"]
     runs = pd.read_csv(tmp_path / "out" / "runs.csv").set_index("run")
     assert runs.loc[oom, "status"] == "old: oom; new: oom" and pd.isna(runs.loc[oom, "verdict"])

@@ -86,13 +86,36 @@ def check_summaries(root: Path, runs: dict[str, Run], side: str) -> None:
 
 
 def _has_summary(root: Path, run_dir: Path) -> bool:
+    return _summary_of(root, run_dir) is not None
+
+
+def _summary_of(root: Path, run_dir: Path) -> Path | None:
+    """The summary.csv nearest above a run folder, up to ``root``."""
     folder = run_dir.parent
     while True:
         if (folder / "summary.csv").is_file():
-            return True
+            return folder / "summary.csv"
         if folder == root or folder == folder.parent:
-            return False
+            return None
         folder = folder.parent
+
+
+def summary_runs_only(root: Path, runs: dict[str, Run]) -> dict[str, Run]:
+    """The runs as their summary.csv lists them: a run folder left on disk by a config that
+    has since dropped the run (its summary no longer lists it) is not part of that side."""
+    listed: dict[Path, set[str] | None] = {}
+
+    def in_summary(run_dir: Path) -> bool:
+        summary = _summary_of(root, run_dir)
+        if summary not in listed:
+            table = _read_csv(summary)
+            names = table["run"] if table is not None and "run" in table else None
+            listed[summary] = None if names is None else set(names.astype(str))
+        names = listed[summary]
+        return names is None or run_dir.name in names
+
+    kept = {name: Run(name, [d for d in run.dirs if in_summary(d)]) for name, run in runs.items()}
+    return {name: run for name, run in kept.items() if run.dirs}
 
 
 def _run_dirs(folder: Path, depth: int) -> list[Path]:

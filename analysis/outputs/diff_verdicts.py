@@ -23,10 +23,11 @@ from analysis.outputs.diff_load import (
     per_step_table,
     range_table,
     side_provenance,
+    summary_runs_only,
 )
 from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, Side, noise_floor
 from analysis.outputs.diff_noise import verdict as noise_verdict
-from analysis.outputs.runs import OK
+from analysis.outputs.runs import OK, empty_cell
 
 DEFAULT_THRESHOLD_PCT = 5.0
 # NVTX ranges that span the whole step: they always "explain" 100% and say nothing.
@@ -127,14 +128,44 @@ def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
     kernels = explain(table(old, "cuda_gpu_kern_sum.csv", "Name"),
                       table(new, "cuda_gpu_kern_sum.csv", "Name"), step_delta_ms)
     ro, rn, basis = range_table(old, new)
-    ranges = explain(ro, rn, step_delta_ms)
+    ranges = one_sided_ranges(explain(ro, rn, step_delta_ms), ro, rn, old, new)
     ranges.insert(1, "kind", [range_kind(str(k)) for k in ranges["key"]])
     return Explanation(categories, kernels, ranges, basis)
+
+
+def one_sided_ranges(table: pd.DataFrame, old_ms: pd.Series | None, new_ms: pd.Series | None,
+                     old: Run, new: Run) -> pd.DataFrame:
+    """A range that one side does not have is not comparable, never a -100% change: compiled
+    code runs no NVTX range inside its graphs (module ranges included), so an eager rung's
+    ranges are absent from a compiled one. Its ms there and its Δ are empty, ``comparable``
+    says why (empty for a range of both sides)."""
+    sides = {"old": (set() if old_ms is None else set(old_ms.index), old),
+             "new": (set() if new_ms is None else set(new_ms.index), new)}
+    notes = []
+    for key in table["key"]:
+        lacking = [side for side, (keys, _) in sides.items() if key not in keys]
+        notes.append(_not_comparable(lacking[0], sides[lacking[0]][1]) if lacking else "")
+    table = table.assign(comparable=notes)
+    for side, (keys, _) in sides.items():
+        table.loc[~table["key"].isin(keys), f"{side}_ms_per_step"] = np.nan
+    gap = table["comparable"] != ""
+    table.loc[gap, ["delta_ms_per_step", "share_of_change"]] = np.nan
+    return pd.concat([table[~gap], table[gap]], ignore_index=True)
+
+
+def _not_comparable(side: str, run: Run) -> str:
+    compiled = str(run.params().get("compile", "off")) not in ("off", "None", "")
+    why = ("compiled code has no NVTX ranges inside its graphs" if compiled else
+           "its code does not open it")
+    return f"not comparable (no such range in {side}: {why})"
 
 
 def top_range(ranges: pd.DataFrame) -> str | None:
     """The NVTX range inside the phases (a layer, sublayer or op) whose time changed most."""
     inner = ranges[~ranges["kind"].isin(STEP_KINDS | {"phase"})]
+    if "comparable" in inner:
+        # read back from ranges.csv, an empty cell is NaN
+        inner = inner[[empty_cell(note) or note == "" for note in inner["comparable"]]]
     return None if inner.empty else str(inner["key"].iloc[0])
 
 
@@ -182,6 +213,7 @@ def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
     old_runs, new_runs = find_runs(old), find_runs(new)
     check_summaries(old, old_runs, "old")
     check_summaries(new, new_runs, "new")
+    old_runs, new_runs = summary_runs_only(old, old_runs), summary_runs_only(new, new_runs)
     old_runs = apply_pairs(old_runs, new_runs, pairs or {})
     if not set(old_runs) & set(new_runs):
         raise UnusableInput(f"no run in common: old {old} has {len(old_runs)} runs, new {new} "
