@@ -16,6 +16,8 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, snakemake, stopped
+from markdown_tables import table_under
+from test_cpu_findings import ranked_by_cpu
 
 from analysis.metrics.extras import RunInputs, compute_extras
 from analysis.reading.export import Export
@@ -409,3 +411,12 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         results / "resnet_tiny" / "stats" / "module_table.csv"))}
     assert resnet["layer1.0"]["Layer"] == "layer1.0"
     assert resnet["layer1.0.conv1"]["Sublayer"] == "conv1"
+    # on the CPU, SUMMARY.md ranks the model's ops and modules by CPU time, and says so
+    text = (results / "SUMMARY.md").read_text()
+    ranked_by_cpu(*table_under(text, "### Top ops: my_cnn_all"))
+    # the ladder's fastest rung's modules, whichever rung that is on this CPU
+    heading = next(line for line in text.splitlines()
+                   if line.startswith("### Where the step goes by module: my_cnn_all_"))
+    caption, header, rows = table_under(text, heading)
+    assert caption.startswith("CPU ms per step") and header[0] == "module"
+    assert float(dict((r[0], r[1]) for r in rows)["blocks"]) > 0
