@@ -122,7 +122,9 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             "change (as a factor, new/old or old/new, minus 1) exceeds the run's noise floor: "
             f"the largest of the threshold ({threshold:.0%}), either side's relative CI "
             "half-width and either side's process noise (99% Student-t half-width over its "
-            "per-process medians); otherwise `within noise` (not shown to have changed).")
+            "per-process medians); or when every process of one side is slower than every "
+            "process of the other by more than the threshold (`process_gap_pct` in runs.csv); "
+            "otherwise `within noise` (not shown to have changed).")
     return ["### Step time per run", "", *_table(header, rows), "", note, ""]
 
 

@@ -25,7 +25,14 @@ from analysis.outputs.diff_load import (
     side_provenance,
     summary_runs_only,
 )
-from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, Side, noise_floor
+from analysis.outputs.diff_noise import (
+    FASTER,
+    SLOWER,
+    VERDICTS,
+    Side,
+    noise_floor,
+    process_gap,
+)
 from analysis.outputs.diff_noise import verdict as noise_verdict
 from analysis.outputs.runs import OK, empty_cell
 
@@ -36,7 +43,7 @@ RUN_COLUMNS = [
     "run", "presence", "status", "verdict", "old_ms", "old_ci_low_ms", "old_ci_high_ms",
     "new_ms", "new_ci_low_ms", "new_ci_high_ms", "change_pct", "speedup", "speedup_ci_low",
     "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
-    "new_noise_pct", "old_timing_source", "new_timing_source",
+    "new_noise_pct", "process_gap_pct", "old_timing_source", "new_timing_source",
     "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
 ]  # fmt: skip
 EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
@@ -45,7 +52,7 @@ VERDICT_ORDER = {v: i for i, v in enumerate(VERDICTS)}
 NUMERIC_COLUMNS = [
     "old_ms", "old_ci_low_ms", "old_ci_high_ms", "new_ms", "new_ci_low_ms", "new_ci_high_ms",
     "change_pct", "speedup", "speedup_ci_low", "speedup_ci_high", "noise_floor_pct",
-    "old_noise_pct", "new_noise_pct",
+    "old_noise_pct", "new_noise_pct", "process_gap_pct",
 ]  # fmt: skip
 
 
@@ -83,6 +90,7 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
         cis_separate=sn.ci_low_ms > so.ci_high_ms or so.ci_low_ms > sn.ci_high_ms,
         noise_floor_pct=noise_floor(so, sn, threshold) * 100,
         old_noise_pct=so.process_noise_rel * 100, new_noise_pct=sn.process_noise_rel * 100,
+        process_gap_pct=process_gap(so, sn) * 100,
         verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
     )  # fmt: skip
     return row
