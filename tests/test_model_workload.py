@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -20,6 +22,9 @@ from markdown_tables import table_under
 from test_cpu_findings import ranked_by_cpu
 
 from analysis.metrics.extras import RunInputs, compute_extras
+from analysis.outputs.diff_load import Run
+from analysis.outputs.diff_markdown import _part_md as part_md
+from analysis.outputs.diff_verdicts import explain_run
 from analysis.reading.export import Export
 from pipeline.config import ConfigError, resolve, run_schemas, workload_args
 from workloads import flops
@@ -328,6 +333,40 @@ def test_module_table_covers_forward_and_backward(name: str) -> None:
     for row in layers:
         assert float(row["Forward GPU ms/step"]) > 0 and float(row["Backward GPU ms/step"]) > 0
     assert any(r["Sublayer"] for r in rows)
+
+
+def test_diff_compares_an_eager_and_a_compiled_rung_by_module_path(tmp_path: Path) -> None:
+    """`analysis diff` of the eager and the compiled H100 capture of one model: the compiled
+    rung has no module ranges, its module table comes from Inductor's provenance; the diff
+    compares the two tables by module path, every layer on both sides, none "not
+    comparable", while the eager side's module:... NVTX ranges are."""
+    runs = {}
+    for side, name in (("old", "model_eager"), ("new", "model_compiled")):
+        rows, _ = _module_table(name)
+        folder = tmp_path / side / "model"
+        (folder / "stats").mkdir(parents=True)
+        shutil.copy(FIXTURES / name / "times.json", folder / "times.json")
+        with open(folder / "stats" / "module_table.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        runs[side] = Run("model", [folder])
+    explained = explain_run(runs["old"], runs["new"], -1.0)
+    assert explained.module_basis == "gpu"
+    modules = explained.modules.set_index("key")
+    layers = [m for m in modules.index if m.startswith("layers.") and m.count(".") == 1]
+    assert len(layers) >= 2
+    for layer in layers:
+        assert modules.loc[layer, "comparable"] == ""
+        assert modules.loc[layer, "old_ms_per_step"] > 0
+        assert modules.loc[layer, "new_ms_per_step"] > 0
+    # a module whose kernels Inductor fused into others' has no row of its own there
+    assert modules.loc["positional_encoder", "comparable"] == (
+        "not comparable (no such module in new: no kernel of its compiled code traced back "
+        "to it)")
+    assert pd.isna(modules.loc["positional_encoder", "delta_ms_per_step"])
+    table = "\n".join(part_md("Top modules", explained.modules, 50, "module"))
+    assert "| layers.0 | 0.339 | 0.118 | -0.22 | 22% |" in table and "-100%" not in table
 
 
 def test_module_table_matches_an_independent_count() -> None:

@@ -196,6 +196,39 @@ def range_table(old: Run, new: Run) -> tuple[pd.Series | None, pd.Series | None,
     return _cpu_ranges(old, po), _cpu_ranges(new, pn), "cpu"
 
 
+MODULE_TABLE = "module_table.csv"  # a model workload's (analysis/metrics/modules.py)
+
+
+def module_table(old: Run, new: Run) -> tuple[pd.Series | None, pd.Series | None, str]:
+    """Module ms per step by module path, on one basis for both sides: ``gpu`` (forward +
+    backward GPU ms of the module table) when either side has GPU time, else ``cpu`` (its
+    forward + backward CPU ms). Eager rungs get their rows from module ranges, compiled ones
+    from Inductor's provenance: the paths are the same whatever the rung's kind."""
+    to, tn = _module_tables(old), _module_tables(new)
+    gpu = any(t is not None and t["GPU ms/step"].sum() > 0 for t in (to, tn))
+    columns = (["Forward GPU ms/step", "Backward GPU ms/step"] if gpu else
+               ["Forward CPU ms/step", "Backward CPU ms/step"])
+
+    def per_module(table: pd.DataFrame | None) -> pd.Series | None:
+        return None if table is None else table[columns].sum(axis=1)
+
+    return per_module(to), per_module(tn), "gpu" if gpu else "cpu"
+
+
+def _module_tables(run: Run) -> pd.DataFrame | None:
+    """The run's module tables (ms per step already), averaged over its folders; None
+    without rows (not a model workload, or a compiled one on the CPU)."""
+    tables = [t for t in (_read_csv(stats_file(d, MODULE_TABLE)) for d in run.dirs)
+              if t is not None and not t.empty and "Module" in t]
+    if not tables:
+        return None
+    numeric = ["Forward GPU ms/step", "Backward GPU ms/step", "GPU ms/step",
+               "Forward CPU ms/step", "Backward CPU ms/step"]
+    both = pd.concat(tables)
+    both[numeric] = both[numeric].apply(pd.to_numeric, errors="coerce").fillna(0.0)
+    return both.groupby("Module")[numeric].mean()
+
+
 def _cpu_ranges(run: Run, phases: pd.DataFrame | None) -> pd.Series | None:
     ranges = per_step_table(run, "nvtx_sum.csv", "Range", "Total Time (ns)")
     if ranges is None and phases is not None:

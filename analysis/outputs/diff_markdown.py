@@ -159,6 +159,10 @@ def _explanation_md(run: str, row: pd.Series, exp: Explanation, top: int) -> lis
     inner = ranges[ranges["kind"] != "phase"]
     lines += _part_md(f"NVTX phases ({basis})", phases, top, "phase")
     lines += _part_md("Top NVTX ranges", inner, top, "range")
+    if not exp.modules.empty:  # a model workload: by module path, eager or compiled
+        lines += _part_md(f"Top modules ({exp.module_basis.upper()} ms per step by module "
+                          "path, from module ranges or compiled kernels' provenance)",
+                          exp.modules, top, "module")
     return lines
 
 

@@ -20,6 +20,7 @@ from analysis.outputs.diff_load import (
     UnusableInput,
     check_summaries,
     find_runs,
+    module_table,
     per_step_table,
     range_table,
     side_provenance,
@@ -124,6 +125,9 @@ class Explanation:
     kernels: pd.DataFrame
     ranges: pd.DataFrame
     range_basis: str
+    # by module path (a model workload's module table), eager and compiled rungs alike
+    modules: pd.DataFrame
+    module_basis: str
 
 
 def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
@@ -138,21 +142,24 @@ def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
     ro, rn, basis = range_table(old, new)
     ranges = one_sided_ranges(explain(ro, rn, step_delta_ms), ro, rn, old, new)
     ranges.insert(1, "kind", [range_kind(str(k)) for k in ranges["key"]])
-    return Explanation(categories, kernels, ranges, basis)
+    mo, mn, module_basis = module_table(old, new)
+    modules = one_sided_ranges(explain(mo, mn, step_delta_ms), mo, mn, old, new, "module")
+    return Explanation(categories, kernels, ranges, basis, modules, module_basis)
 
 
 def one_sided_ranges(table: pd.DataFrame, old_ms: pd.Series | None, new_ms: pd.Series | None,
-                     old: Run, new: Run) -> pd.DataFrame:
-    """A range that one side does not have is not comparable, never a -100% change: compiled
-    code runs no NVTX range inside its graphs (module ranges included), so an eager rung's
-    ranges are absent from a compiled one. Its ms there and its Δ are empty, ``comparable``
-    says why (empty for a range of both sides)."""
+                     old: Run, new: Run, what: str = "range") -> pd.DataFrame:
+    """A range (or module) that one side does not have is not comparable, never a -100%
+    change: compiled code runs no NVTX range inside its graphs (module ranges included), so
+    an eager rung's ranges are absent from a compiled one. Its ms there and its Δ are empty,
+    ``comparable`` says why (empty for a key of both sides)."""
     sides = {"old": (set() if old_ms is None else set(old_ms.index), old),
              "new": (set() if new_ms is None else set(new_ms.index), new)}
     notes = []
     for key in table["key"]:
         lacking = [side for side, (keys, _) in sides.items() if key not in keys]
-        notes.append(_not_comparable(lacking[0], sides[lacking[0]][1]) if lacking else "")
+        notes.append(_not_comparable(what, lacking[0], sides[lacking[0]][1]) if lacking
+                     else "")
     table = table.assign(comparable=notes)
     for side, (keys, _) in sides.items():
         table.loc[~table["key"].isin(keys), f"{side}_ms_per_step"] = np.nan
@@ -161,11 +168,15 @@ def one_sided_ranges(table: pd.DataFrame, old_ms: pd.Series | None, new_ms: pd.S
     return pd.concat([table[~gap], table[gap]], ignore_index=True)
 
 
-def _not_comparable(side: str, run: Run) -> str:
+def _not_comparable(what: str, side: str, run: Run) -> str:
     compiled = str(run.params().get("compile", "off")) not in ("off", "None", "")
-    why = ("compiled code has no NVTX ranges inside its graphs" if compiled else
-           "its code does not open it")
-    return f"not comparable (no such range in {side}: {why})"
+    if what == "module":
+        why = ("no kernel of its compiled code traced back to it" if compiled else
+               "not in its module table")
+    else:
+        why = ("compiled code has no NVTX ranges inside its graphs" if compiled else
+               "its code does not open it")
+    return f"not comparable (no such {what} in {side}: {why})"
 
 
 def top_range(ranges: pd.DataFrame) -> str | None:
@@ -262,8 +273,8 @@ def explanation_csv(diff: Diff, part: str, key: str) -> pd.DataFrame:
         table = getattr(exp, part).rename(columns={"key": key}).copy()
         table.insert(0, "run", run)
         table.insert(1, "verdict", verdicts[run])
-        if part == "ranges":
-            table.insert(3, "basis", exp.range_basis)
+        if part in ("ranges", "modules"):
+            table.insert(3, "basis", exp.range_basis if part == "ranges" else exp.module_basis)
         frames.append(table)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "verdict", key, *EXPLAIN_COLUMNS[2:]])
