@@ -25,6 +25,8 @@ from analysis.metrics.extras import RunInputs, compute_extras
 from analysis.outputs.diff_load import Run
 from analysis.outputs.diff_markdown import _part_md as part_md
 from analysis.outputs.diff_verdicts import explain_run
+from analysis.outputs.overview_ops import NO_MODULES, module_tables
+from analysis.outputs.overview_tables import read_ladders
 from analysis.reading.export import Export
 from pipeline.config import ConfigError, resolve, run_schemas, workload_args
 from workloads import flops
@@ -422,7 +424,9 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         "name": "my_cnn",
         "base": {"workload": "model", "factory": f"{user_model}:make", "batch": 2},
         "rungs": [{"name": "fp32_eager", "ops": True},
-                  {"name": "channels_last", "channels_last": True, "ops": False}],
+                  {"name": "channels_last", "channels_last": True, "ops": False},
+                  # compiled on the CPU: a module table without rows, which says why
+                  {"name": "compile", "compile": "default"}],
     }]
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -436,7 +440,7 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         assert float(row["step_ci_low_ms"]) <= float(row["step_ms"]) <= float(
             row["step_ci_high_ms"])
     ladder = list(csv.DictReader(open(results / "ladders" / "my_cnn_all.csv")))
-    assert [r["rung"] for r in ladder] == ["fp32_eager", "channels_last"]
+    assert [r["rung"] for r in ladder] == ["fp32_eager", "channels_last", "compile"]
     modules = list(csv.DictReader(open(results / "my_cnn_all_0_fp32_eager" / "stats" /
                                        "module_table.csv")))
     by_path = {r["Module"]: r for r in modules}
@@ -456,6 +460,15 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
     # the ladder's fastest rung's modules, whichever rung that is on this CPU
     heading = next(line for line in text.splitlines()
                    if line.startswith("### Where the step goes by module: my_cnn_all_"))
-    caption, header, rows = table_under(text, heading)
-    assert caption.startswith("CPU ms per step") and header[0] == "module"
-    assert float(dict((r[0], r[1]) for r in rows)["blocks"]) > 0
+    caption, header, _ = table_under(text, heading)
+    assert header[0] == "module"
+    assert caption.startswith("CPU ms per step") or caption == NO_MODULES, caption
+    # each rung as the fastest: the eager one by CPU time, the compiled one says why it has
+    # no rows
+    rungs = read_ladders(results)["my_cnn_all"]
+    for rung, caption in (("fp32_eager", "CPU ms per step"), ("compile", NO_MODULES)):
+        (shown,) = module_tables(results, {"my_cnn_all": rungs[rungs["rung"] == rung]})
+        assert shown.grid.caption.startswith(caption), (rung, shown.grid.caption)
+        assert bool(shown.grid.rows) == (rung == "fp32_eager")
+    (eager,) = module_tables(results, {"my_cnn_all": rungs[rungs["rung"] == "fp32_eager"]})
+    assert float(dict((r[0], r[1]) for r in eager.grid.rows)["blocks"]) > 0

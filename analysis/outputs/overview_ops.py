@@ -205,7 +205,7 @@ def module_tables(results: Path, ladders: dict[str, pd.DataFrame]) -> list[Title
             continue
         title = f"Where the step goes by module: {run}"
         if modules.empty:
-            if _compiled(ok.loc[ok["step_ms"].idxmin()]):
+            if _compiled_on_cpu(read_json(results / run / "times.json") or {}):
                 out.append(Titled(title, Grid(["module", "forward ms", "backward ms"], [],
                                               NO_MODULES)))
             continue
@@ -220,8 +220,10 @@ def module_tables(results: Path, ladders: dict[str, pd.DataFrame]) -> list[Title
     return out
 
 
-def _compiled(run: pd.Series) -> bool:
-    return not empty_cell(run.get("compile")) and str(run.get("compile")) != "off"
+def _compiled_on_cpu(record: dict) -> bool:
+    """Whether the run's capture record is of compiled code timed on the CPU."""
+    compiled = str((record.get("params") or {}).get("compile", "off")) != "off"
+    return compiled and record.get("timer") == "wall"
 
 
 def _read_modules(path: Path) -> pd.DataFrame | None:
