@@ -185,6 +185,14 @@ BAD_FACTORIES = textwrap.dedent("""
 
 
     make_partial = functools.partial(make, n_layers=1)
+
+
+    def make_twice(d_modle: int = 8):  # replaced below: an import gives the last one
+        return make(d_modle)
+
+
+    def make_twice(d_model: int = 8):
+        return make(d_model)
 """)
 
 # (factory, kwargs, the key named, what the message must say)
@@ -195,6 +203,8 @@ BAD_FACTORY_CASES = [
      "return ModelParts(model, make_batch, loss) or the tuple (model, make_batch, loss)"),
     ("make_one_argument_batch", {}, "factory", "make_batch(batch_size), cannot be called as "
      "make_batch(batch_size, device)"),
+    ("make_twice", {"d_modle": 4}, "kwargs.d_modle", "(it accepts ['d_model'])"),
+    # last: the only one that imports the file (and torch)
     ("make_partial", {"d_modle": 4}, "kwargs.d_modle", "did you mean 'd_model'?"),
 ]
 

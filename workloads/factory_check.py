@@ -73,12 +73,26 @@ def source_problem(spec: str, kwargs: dict[str, Any]) -> Problem | None:
     """(key, problem) that the factory's source shows for sure, None otherwise (also when the
     source cannot be found: importing it says why)."""
     target, _, attr = spec.rpartition(":")
-    module = _parse(str(_source_file(target) or ""))
-    fn = next((n for n in getattr(module, "body", []) if isinstance(n, ast.FunctionDef)
-               and n.name == attr), None)
-    if fn is None or fn.decorator_list:  # a decorator may change what it takes and returns
+    source = _source_file(target)
+    module = _parse(str(source), _mtime_ns(source)) if source else None
+    # the last top-level binding of the name is the one an import gives
+    bound = [n for n in getattr(module, "body", []) if attr in _names_bound(n)]
+    fn = bound[-1] if bound else None
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list:  # a decorator may change it
         return None
     return _args_problem(fn, kwargs) or _returns_problem(module, fn)
+
+
+def _names_bound(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds (a def, a class, an assignment, an import)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    return set()
 
 
 def _source_file(target: str) -> Path | None:
@@ -91,8 +105,16 @@ def _source_file(target: str) -> Path | None:
     return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
 @cache
-def _parse(path: str) -> ast.Module | None:
+def _parse(path: str, mtime_ns: int) -> ast.Module | None:
+    """The file's syntax tree, once per version of the file (a sweep's runs share it)."""
     try:
         return ast.parse(Path(path).read_text())
     except (OSError, SyntaxError, ValueError):
