@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 from pipeline import bytecode as _bytecode  # noqa: E402
 from pipeline import config as _config  # noqa: E402
+from pipeline import failures as _failures  # noqa: E402
 from pipeline import forkserver as _forkserver  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
 from pipeline import gpus as _gpus  # noqa: E402
@@ -377,6 +378,12 @@ onstart:
 
 onsuccess:
     stop_fork_servers()
+    # the runs that did not end ok, said out loud; `fail_on: error` makes them an exit 1
+    block, stop = _failures.end_of_run(Path(RESULTS), config["fail_on"])
+    if block:
+        print(block, file=sys.stderr)
+    if stop:
+        raise WorkflowError(stop)
 
 
 onerror:

@@ -207,8 +207,16 @@ def smoke_workdir(tmp_path_factory: pytest.TempPathFactory, nsys: str) -> Path:
     """A complete CPU smoke pipeline run (real nsys, real Snakemake), made once per test run
     and shared by every test that reads it, on every xdist worker. Read only: a test that
     runs jobs in it, deletes or adds files works on its own `smoke_copy`."""
-    return built_once(tmp_path_factory, "smoke", lambda workdir: snakemake(
-        workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG)))
+    def run(workdir: Path) -> None:
+        done = snakemake(workdir, "--cores", "2", "--configfile", str(SMOKE_CONFIG))
+        smoke_console_file(workdir).write_text(done.stderr)
+
+    return built_once(tmp_path_factory, "smoke", run)
+
+
+def smoke_console_file(workdir: Path) -> Path:
+    """What the smoke run's Snakemake printed (its stderr), kept beside its folder."""
+    return workdir.with_name(f"{workdir.name}.console")
 
 
 @pytest.fixture()

@@ -9,11 +9,13 @@ ordering is also checked on a published H100 folder.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import REPO
+from markdown_tables import section, table_under
 
 from analysis.metrics.categories import OPTIMIZER_PHASE
 from analysis.metrics.phases import STEP_RANGE
@@ -84,3 +86,23 @@ def test_workload_findings_come_before_measurement_findings_on_a_gpu() -> None:
     assert {f.rule for f in found if f.about == MEASUREMENT} == {
         "high_profiler_overhead", "unstable_timing"}
     assert all(finding_sentence(f) for f in found)
+
+
+def ranked_by_cpu(caption: str, header: list[str], rows: list[list[str]]) -> None:
+    """A top-ops table of a CPU run: ranked by CPU self time, said so, first row non-zero."""
+    assert "CPU self time" in caption and "GPU" not in " ".join(header), (caption, header)
+    times = [float(r[header.index("CPU self ms/step")]) for r in rows]
+    assert times and times[0] > 0 and times == sorted(times, reverse=True), rows
+
+
+def test_a_cpu_run_reads_as_a_cpu_run(smoke_workdir: Path) -> None:
+    """No GPU wording in the findings of a run without a GPU (here every run); its top-ops
+    table in SUMMARY.md ranks by CPU self time and says so."""
+    results = smoke_results(smoke_workdir)
+    findings = pd.read_csv(results / "findings.csv", keep_default_na=False)
+    assert len(findings)
+    for f in findings.itertuples():
+        assert not re.search(r"\bGPU\b", f"{f.title} {f.fix}"), (f.rule, f.title, f.fix)
+    text = (results / "SUMMARY.md").read_text()
+    assert not re.search(r"\bGPU\b", section(text, "## Top findings"))
+    ranked_by_cpu(*table_under(text, "### Top ops: gpt_tiny_train_bf16"))

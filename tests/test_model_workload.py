@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -12,12 +13,20 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO, snakemake
+from conftest import REPO, snakemake, stopped
+from markdown_tables import table_under
+from test_cpu_findings import ranked_by_cpu
 
 from analysis.metrics.extras import RunInputs, compute_extras
+from analysis.outputs.diff_load import Run
+from analysis.outputs.diff_markdown import _part_md as part_md
+from analysis.outputs.diff_verdicts import explain_run
+from analysis.outputs.overview_ops import NO_MODULES, module_tables
+from analysis.outputs.overview_tables import read_ladders
 from analysis.reading.export import Export
 from pipeline.config import ConfigError, resolve, run_schemas, workload_args
 from workloads import flops
@@ -139,6 +148,107 @@ def test_a_factory_that_cannot_be_imported_is_named_before_any_job(tmp_path: Pat
     assert not (tmp_path / "results").exists()
 
 
+# Factories that the source shows are wrong, and one whose source does not say (a partial).
+BAD_FACTORIES = textwrap.dedent("""
+    import functools
+
+    import torch
+    from torch import nn
+
+
+    class Encoder(nn.Module):
+        def __init__(self, d_model=8):
+            super().__init__()
+            self.proj = nn.Linear(16, d_model)
+
+        def forward(self, x):
+            return self.proj(x)
+
+
+    def make(d_model: int = 8, n_layers: int = 2):
+        def make_batch(batch_size, device):
+            return torch.randn(batch_size, 16).to(device), None
+
+        return Encoder(d_model), make_batch, None
+
+
+    def make_model_only(d_model: int = 8):
+        model = Encoder(d_model)
+        return model
+
+
+    def make_one_argument_batch(d_model: int = 8):
+        def make_batch(batch_size):
+            return torch.randn(batch_size, 16), None
+
+        return Encoder(d_model), make_batch, None
+
+
+    make_partial = functools.partial(make, n_layers=1)
+
+
+    def make_twice(d_modle: int = 8):  # replaced below: an import gives the last one
+        return make(d_modle)
+
+
+    def make_twice(d_model: int = 8):
+        return make(d_model)
+""")
+
+# (factory, kwargs, the key named, what the message must say)
+BAD_FACTORY_CASES = [
+    ("make", {"d_modle": 4}, "kwargs.d_modle",
+     "takes no keyword 'd_modle'; did you mean 'd_model'? (it accepts ['d_model', 'n_layers'])"),
+    ("make_model_only", {}, "factory", "returns only the model (Encoder(d_model)); it must "
+     "return ModelParts(model, make_batch, loss) or the tuple (model, make_batch, loss)"),
+    ("make_one_argument_batch", {}, "factory", "make_batch(batch_size), cannot be called as "
+     "make_batch(batch_size, device)"),
+    ("make_twice", {"d_modle": 4}, "kwargs.d_modle", "(it accepts ['d_model'])"),
+    # last: the only one that imports the file (and torch)
+    ("make_partial", {"d_modle": 4}, "kwargs.d_modle", "did you mean 'd_model'?"),
+]
+
+
+def test_a_bad_factory_is_refused_from_its_source_before_any_import(tmp_path: Path) -> None:
+    """Each bad factory is named with its key and what it must be; the three that its source
+    shows are refused without importing the file (nor torch: 1.4-2.5 s of a start-up that
+    otherwise takes about 1.2 s), the partial once its file is imported."""
+    path = tmp_path / "encoders.py"
+    path.write_text(BAD_FACTORIES)
+    script = textwrap.dedent(f"""
+        import json, sys
+        from pipeline.config import ConfigError, resolve
+        out = []
+        for fn, kwargs in {[(c[0], c[1]) for c in BAD_FACTORY_CASES]!r}:
+            run = {{"workload": "model", "factory": {str(path)!r} + ":" + fn, "kwargs": kwargs}}
+            try:
+                resolve({{"runs": {{"enc": run}}}})
+                out.append([fn, None, "torch" in sys.modules])
+            except ConfigError as err:
+                out.append([fn, str(err), "torch" in sys.modules])
+        print(json.dumps(out))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, check=True, timeout=120)
+    results = json.loads(done.stdout)
+    for (fn, _, key, said), (_, message, torch_imported) in zip(BAD_FACTORY_CASES, results,
+                                                                 strict=True):
+        assert message is not None, f"{fn} was accepted"
+        assert message.startswith(f"Invalid config at 'runs.enc.{key}'"), message
+        assert said in message, message
+        assert torch_imported == (fn == "make_partial"), (fn, torch_imported)
+
+
+def test_a_bad_factory_stops_snakemake_before_any_job(tmp_path: Path) -> None:
+    path = tmp_path / "encoders.py"
+    path.write_text(BAD_FACTORIES)
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"results": "results", "runs": {"enc": {
+        "workload": "model", "factory": f"{path}:make", "kwargs": {"d_modle": 4}}}}))
+    message = stopped(tmp_path, "--configfile", str(config))
+    assert "Invalid config at 'runs.enc.kwargs.d_modle'" in message, message[-3000:]
+
+
 def test_a_factory_that_raises_is_a_failure_record_with_its_traceback(tmp_path: Path,
                                                                     user_model: Path) -> None:
     done, record = _workload(["--factory", f"{user_model}:make_broken"], tmp_path / "r.json")
@@ -238,6 +348,40 @@ def test_module_table_covers_forward_and_backward(name: str) -> None:
     assert any(r["Sublayer"] for r in rows)
 
 
+def test_diff_compares_an_eager_and_a_compiled_rung_by_module_path(tmp_path: Path) -> None:
+    """`analysis diff` of the eager and the compiled H100 capture of one model: the compiled
+    rung has no module ranges, its module table comes from Inductor's provenance; the diff
+    compares the two tables by module path, every layer on both sides, none "not
+    comparable", while the eager side's module:... NVTX ranges are."""
+    runs = {}
+    for side, name in (("old", "model_eager"), ("new", "model_compiled")):
+        rows, _ = _module_table(name)
+        folder = tmp_path / side / "model"
+        (folder / "stats").mkdir(parents=True)
+        shutil.copy(FIXTURES / name / "times.json", folder / "times.json")
+        with open(folder / "stats" / "module_table.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        runs[side] = Run("model", [folder])
+    explained = explain_run(runs["old"], runs["new"], -1.0)
+    assert explained.module_basis == "gpu"
+    modules = explained.modules.set_index("key")
+    layers = [m for m in modules.index if m.startswith("layers.") and m.count(".") == 1]
+    assert len(layers) >= 2
+    for layer in layers:
+        assert modules.loc[layer, "comparable"] == ""
+        assert modules.loc[layer, "old_ms_per_step"] > 0
+        assert modules.loc[layer, "new_ms_per_step"] > 0
+    # a module whose kernels Inductor fused into others' has no row of its own there
+    assert modules.loc["positional_encoder", "comparable"] == (
+        "not comparable (no such module in new: no kernel of its compiled code traced back "
+        "to it)")
+    assert pd.isna(modules.loc["positional_encoder", "delta_ms_per_step"])
+    table = "\n".join(part_md("Top modules", explained.modules, 50, "module"))
+    assert "| layers.0 | 0.339 | 0.118 | -0.22 | 22% |" in table and "-100%" not in table
+
+
 def test_module_table_matches_an_independent_count() -> None:
     """On the eager capture, each module's forward and backward GPU ms/step equal plain SQL
     over the export: kernels, memcpys and memsets whose launch call starts inside one of the
@@ -291,7 +435,9 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         "name": "my_cnn",
         "base": {"workload": "model", "factory": f"{user_model}:make", "batch": 2},
         "rungs": [{"name": "fp32_eager", "ops": True},
-                  {"name": "channels_last", "channels_last": True, "ops": False}],
+                  {"name": "channels_last", "channels_last": True, "ops": False},
+                  # compiled on the CPU: a module table without rows, which says why
+                  {"name": "compile", "compile": "default"}],
     }]
     path = tmp_path / "models.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -305,7 +451,7 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         assert float(row["step_ci_low_ms"]) <= float(row["step_ms"]) <= float(
             row["step_ci_high_ms"])
     ladder = list(csv.DictReader(open(results / "ladders" / "my_cnn_all.csv")))
-    assert [r["rung"] for r in ladder] == ["fp32_eager", "channels_last"]
+    assert [r["rung"] for r in ladder] == ["fp32_eager", "channels_last", "compile"]
     modules = list(csv.DictReader(open(results / "my_cnn_all_0_fp32_eager" / "stats" /
                                        "module_table.csv")))
     by_path = {r["Module"]: r for r in modules}
@@ -319,3 +465,21 @@ def test_user_model_and_example_models_run_through_the_pipeline(tmp_path: Path,
         results / "resnet_tiny" / "stats" / "module_table.csv"))}
     assert resnet["layer1.0"]["Layer"] == "layer1.0"
     assert resnet["layer1.0.conv1"]["Sublayer"] == "conv1"
+    # on the CPU, SUMMARY.md ranks the model's ops and modules by CPU time, and says so
+    text = (results / "SUMMARY.md").read_text()
+    ranked_by_cpu(*table_under(text, "### Top ops: my_cnn_all"))
+    # the ladder's fastest rung's modules, whichever rung that is on this CPU
+    heading = next(line for line in text.splitlines()
+                   if line.startswith("### Where the step goes by module: my_cnn_all_"))
+    caption, header, _ = table_under(text, heading)
+    assert header[0] == "module"
+    assert caption.startswith("CPU ms per step") or caption == NO_MODULES, caption
+    # each rung as the fastest: the eager one by CPU time, the compiled one says why it has
+    # no rows
+    rungs = read_ladders(results)["my_cnn_all"]
+    for rung, caption in (("fp32_eager", "CPU ms per step"), ("compile", NO_MODULES)):
+        (shown,) = module_tables(results, {"my_cnn_all": rungs[rungs["rung"] == rung]})
+        assert shown.grid.caption.startswith(caption), (rung, shown.grid.caption)
+        assert bool(shown.grid.rows) == (rung == "fp32_eager")
+    (eager,) = module_tables(results, {"my_cnn_all": rungs[rungs["rung"] == "fp32_eager"]})
+    assert float(dict((r[0], r[1]) for r in eager.grid.rows)["blocks"]) > 0

@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import SMOKE_CONFIG, snakemake
+from conftest import REPO, SMOKE_CONFIG, smoke_console_file, snakemake
 
+from analysis.outputs.diff_load import find_runs
+from analysis.outputs.diff_markdown import _part_md as part_md
+from analysis.outputs.diff_verdicts import explain_run, top_range
 from analysis.outputs.findings import HIGH_OVERHEAD
 from analysis.reports import REPORTS as NSYS_REPORTS
 
@@ -133,6 +137,24 @@ def test_failures_are_result_rows(smoke_workdir: Path) -> None:
     assert (out / "gpt_small_oom" / "profile.sqlite").stat().st_size == 0
 
 
+def failure_block(console: str) -> str:
+    """The block the pipeline prints at its end about the runs that did not end ok."""
+    start = console.index("profbench: 2 of ")
+    return console[start:start + 2000]
+
+
+def test_the_console_names_each_failed_run_and_its_log(smoke_workdir: Path) -> None:
+    """At its end, the run (exit 0: failures are results) says which runs did not end ok,
+    why in one line, and where their traceback is."""
+    block = failure_block(smoke_console_file(smoke_workdir).read_text())
+    assert block.startswith(f"profbench: 2 of {len(ALL_RUNS)} runs did not end ok")
+    assert "fail_on: error makes that an exit 1" in block
+    log = f"{SMOKE['results']}/logs/time_run/gpt_small_oom.log"
+    assert re.search(r"gpt_small_oom +oom: .*allocate", block) and log in block
+    assert (smoke_workdir / log).is_file()
+    assert re.search(r"attention_core_cudnn +unsupported: .*cudnn", block, re.I)
+
+
 def test_ladder_table_has_every_rung_and_its_gain(smoke_workdir: Path) -> None:
     table = pd.read_csv(results(smoke_workdir) / "ladders" / "ladder_tiny.csv")
     assert list(table["run"]) == LADDER
@@ -227,15 +249,24 @@ def test_one_output_file_reruns_only_its_job(smoke_copy: Path) -> None:
     assert (smoke_copy / target).exists()
 
 
-def test_editing_one_run_reruns_only_that_run(smoke_copy: Path, tmp_path: Path) -> None:
+def test_editing_one_run_reruns_only_that_run(smoke_workdir: Path, smoke_copy: Path,
+                                              tmp_path: Path) -> None:
     # the run whose jobs end soonest (at its memory cap, before its first step)
     config = yaml.safe_load(SMOKE_CONFIG.read_text())
     config["runs"]["gpt_small_oom"]["seed"] = 7
+    del config["runs"]["attention_core_math"]  # dropped: its folder stays, the summary not
     edited = tmp_path / "edited.yaml"
     edited.write_text(yaml.safe_dump(config))
     untouched = results(smoke_copy) / "gpt_tiny_train_fp32" / "profile.sqlite"
     before = untouched.stat().st_mtime_ns
-    done = snakemake(smoke_copy, "--cores", "2", "--configfile", str(edited))
+    # for CI: `fail_on: error` ends the same run with exit 1 once everything is written
+    config["fail_on"] = "error"
+    edited.write_text(yaml.safe_dump(config))
+    done = snakemake(smoke_copy, "--cores", "2", "--configfile", str(edited), check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "fail_on: error: the workflow exits 1" in failure_block(done.stderr)
+    assert "2 run(s) did not end ok (attention_core_cudnn, gpt_small_oom)" in done.stderr
+    assert (results(smoke_copy) / "SUMMARY.md").stat().st_mtime_ns > before
     counts = job_counts(done.stdout + done.stderr)
     # that run's timing process, capture and statistics, then what is made across runs
     assert {k: counts.get(k) for k in ("time_run", "profile", "run_stats")} == {
@@ -245,6 +276,42 @@ def test_editing_one_run_reruns_only_that_run(smoke_copy: Path, tmp_path: Path) 
     assert untouched.stat().st_mtime_ns == before
     times = json.loads((results(smoke_copy) / "gpt_small_oom" / "times.json").read_text())
     assert times["params"]["seed"] == 7
+    assert (results(smoke_copy) / "attention_core_math" / "timing").is_dir()
+    diff_of_a_config_that_dropped_a_run(results(smoke_workdir), results(smoke_copy),
+                                        tmp_path / "diff")
+
+
+def diff_of_a_config_that_dropped_a_run(old: Path, new: Path, out: Path) -> None:
+    """`analysis diff` counts the runs of the new summary, not the folders left on disk; the
+    runs that failed on both sides are said to have."""
+    done = subprocess.run([sys.executable, "-m", "analysis", "diff", str(old), str(new), "-o",
+                           str(out)], cwd=REPO, capture_output=True, text=True, check=True)
+    matched = len(ALL_RUNS) - 1
+    assert done.stdout.splitlines()[1:] == ["only in old (1): attention_core_math"]
+    assert done.stdout.splitlines()[0].endswith(
+        f"{matched} runs matched: 0 slower, 0 faster, {matched - 2} within noise, 2 failed on "
+        "both sides; 1 only in old, 0 only in new."), done.stdout
+
+
+def test_diff_of_an_eager_and_a_compiled_rung_never_reads_a_missing_range_as_zero(
+        smoke_workdir: Path) -> None:
+    """The ladder's eager rung against its compiled one (real run folders): the ranges that
+    compiled code does not run (the layers, the attention ops) are not comparable, never a
+    -100% change; the phases both have are compared."""
+    runs = find_runs(results(smoke_workdir))
+    explained = explain_run(runs["ladder_tiny_3_sdpa"], runs["ladder_tiny_4_compile"], -1.0)
+    ranges = explained.ranges.set_index("key")
+    layer = ranges.loc["layer_0"]
+    assert layer["comparable"] == ("not comparable (no such range in new: compiled code has "
+                                   "no NVTX ranges inside its graphs)")
+    assert layer["old_ms_per_step"] > 0 and pd.isna(layer["new_ms_per_step"])
+    assert pd.isna(layer["delta_ms_per_step"]) and pd.isna(layer["share_of_change"])
+    assert ranges.loc["forward_pass", "comparable"] == ""
+    assert ranges.loc["forward_pass", "new_ms_per_step"] > 0
+    assert top_range(explained.ranges) not in ranges.index[ranges["comparable"] != ""]
+    table = "\n".join(part_md("Top NVTX ranges", explained.ranges, 50, "range"))
+    assert "| layer_0 | " in table and "-100%" not in table
+    assert re.search(r"\| layer_0 \| [\d.]+ \| – \| not comparable \(", table), table
 
 
 def test_lint_finds_nothing(tmp_path: Path) -> None:

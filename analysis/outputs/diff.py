@@ -20,7 +20,7 @@ percent; 2 on unusable input (not a results folder, no summary.csv, no run in co
 one-line ``error:`` on stderr.
 
 Writes to DIR: ``runs.csv``, ``provenance.csv``, ``categories.csv``, ``kernels.csv``,
-``ranges.csv``, ``summary.md`` (a pull-request comment) and ``ratios.png``.
+``ranges.csv``, ``modules.csv``, ``summary.md`` (a pull-request comment) and ``ratios.png``.
 
 This module is the command and what it writes; its parts, one job each: reading a side
 (``diff_load``), matching runs, verdicts and explanations (``diff_verdicts``, the rule in
@@ -65,7 +65,8 @@ def write_diff(
     outdir.mkdir(parents=True, exist_ok=True)
     diff.runs.to_csv(outdir / "runs.csv", index=False)
     diff.provenance.to_csv(outdir / "provenance.csv", index=False)
-    for part, key in (("categories", "category"), ("kernels", "kernel"), ("ranges", "range")):
+    for part, key in (("categories", "category"), ("kernels", "kernel"), ("ranges", "range"),
+                      ("modules", "module")):
         explanation_csv(diff, part, key).to_csv(outdir / f"{part}.csv", index=False)
     (outdir / "summary.md").write_text(markdown(diff, top))
     plot_ratios(diff.runs, outdir / "ratios.png")

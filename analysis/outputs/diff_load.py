@@ -86,13 +86,36 @@ def check_summaries(root: Path, runs: dict[str, Run], side: str) -> None:
 
 
 def _has_summary(root: Path, run_dir: Path) -> bool:
+    return _summary_of(root, run_dir) is not None
+
+
+def _summary_of(root: Path, run_dir: Path) -> Path | None:
+    """The summary.csv nearest above a run folder, up to ``root``."""
     folder = run_dir.parent
     while True:
         if (folder / "summary.csv").is_file():
-            return True
+            return folder / "summary.csv"
         if folder == root or folder == folder.parent:
-            return False
+            return None
         folder = folder.parent
+
+
+def summary_runs_only(root: Path, runs: dict[str, Run]) -> dict[str, Run]:
+    """The runs as their summary.csv lists them: a run folder left on disk by a config that
+    has since dropped the run (its summary no longer lists it) is not part of that side."""
+    listed: dict[Path, set[str] | None] = {}
+
+    def in_summary(run_dir: Path) -> bool:
+        summary = _summary_of(root, run_dir)
+        if summary not in listed:
+            table = _read_csv(summary)
+            names = table["run"] if table is not None and "run" in table else None
+            listed[summary] = None if names is None else set(names.astype(str))
+        names = listed[summary]
+        return names is None or run_dir.name in names
+
+    kept = {name: Run(name, [d for d in run.dirs if in_summary(d)]) for name, run in runs.items()}
+    return {name: run for name, run in kept.items() if run.dirs}
 
 
 def _run_dirs(folder: Path, depth: int) -> list[Path]:
@@ -171,6 +194,39 @@ def range_table(old: Run, new: Run) -> tuple[pd.Series | None, pd.Series | None,
                                               or pn["GPU ms/step"].fillna(0).sum() > 0):
         return po["GPU ms/step"].fillna(0.0), pn["GPU ms/step"].fillna(0.0), "gpu"
     return _cpu_ranges(old, po), _cpu_ranges(new, pn), "cpu"
+
+
+MODULE_TABLE = "module_table.csv"  # a model workload's (analysis/metrics/modules.py)
+
+
+def module_table(old: Run, new: Run) -> tuple[pd.Series | None, pd.Series | None, str]:
+    """Module ms per step by module path, on one basis for both sides: ``gpu`` (forward +
+    backward GPU ms of the module table) when either side has GPU time, else ``cpu`` (its
+    forward + backward CPU ms). Eager rungs get their rows from module ranges, compiled ones
+    from Inductor's provenance: the paths are the same whatever the rung's kind."""
+    to, tn = _module_tables(old), _module_tables(new)
+    gpu = any(t is not None and t["GPU ms/step"].sum() > 0 for t in (to, tn))
+    columns = (["Forward GPU ms/step", "Backward GPU ms/step"] if gpu else
+               ["Forward CPU ms/step", "Backward CPU ms/step"])
+
+    def per_module(table: pd.DataFrame | None) -> pd.Series | None:
+        return None if table is None else table[columns].sum(axis=1)
+
+    return per_module(to), per_module(tn), "gpu" if gpu else "cpu"
+
+
+def _module_tables(run: Run) -> pd.DataFrame | None:
+    """The run's module tables (ms per step already), averaged over its folders; None
+    without rows (not a model workload, or a compiled one on the CPU)."""
+    tables = [t for t in (_read_csv(stats_file(d, MODULE_TABLE)) for d in run.dirs)
+              if t is not None and not t.empty and "Module" in t]
+    if not tables:
+        return None
+    numeric = ["Forward GPU ms/step", "Backward GPU ms/step", "GPU ms/step",
+               "Forward CPU ms/step", "Backward CPU ms/step"]
+    both = pd.concat(tables)
+    both[numeric] = both[numeric].apply(pd.to_numeric, errors="coerce").fillna(0.0)
+    return both.groupby("Module")[numeric].mean()
 
 
 def _cpu_ranges(run: Run, phases: pd.DataFrame | None) -> pd.Series | None:

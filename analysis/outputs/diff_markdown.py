@@ -52,12 +52,25 @@ def headline(runs: pd.DataFrame, bold: bool = False) -> str:
     both = runs[runs["presence"] == "both"]
     counts = both["verdict"].value_counts()
     parts = [f"{counts.get(v, 0)} {v}" for v in VERDICTS]
-    failed = int((both["status"].notna() & (both["status"] != OK)).sum())
     only_old = int((runs["presence"] == "old_only").sum())
     only_new = int((runs["presence"] == "new_only").sum())
     matched = f"{len(both)} run{'' if len(both) == 1 else 's'} matched"
-    return (f"{f'**{matched}**' if bold else matched}: {', '.join(parts)}, {failed} failed on "
-            f"a side; {only_old} only in old, {only_new} only in new.")
+    return (f"{f'**{matched}**' if bold else matched}: {', '.join(parts)}, "
+            f"{_failed(both['status'])}; {only_old} only in old, {only_new} only in new.")
+
+
+def _failed(statuses: pd.Series) -> str:
+    """``2 failed on both sides, 1 on the new side`` (runs.csv's status: ``old: oom; new:
+    oom``), or ``0 failed``."""
+    sides = [("old:" in s, "new:" in s) for s in statuses.dropna().astype(str) if s != OK]
+    counts = [(sum(o and n for o, n in sides), "both sides"),
+              (sum(o and not n for o, n in sides), "the old side"),
+              (sum(n and not o for o, n in sides), "the new side")]
+    said = [f"{k} on {where}" for k, where in counts if k]
+    if not said:
+        return "0 failed"
+    first, *rest = said
+    return ", ".join([first.replace(" on ", " failed on ", 1), *rest])
 
 
 def _provenance_md(prov: pd.DataFrame) -> list[str]:
@@ -109,7 +122,9 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             "change (as a factor, new/old or old/new, minus 1) exceeds the run's noise floor: "
             f"the largest of the threshold ({threshold:.0%}), either side's relative CI "
             "half-width and either side's process noise (99% Student-t half-width over its "
-            "per-process medians); otherwise `within noise` (not shown to have changed).")
+            "per-process medians); or when every process of one side is slower than every "
+            "process of the other by more than the threshold (`process_gap_pct` in runs.csv); "
+            "otherwise `within noise` (not shown to have changed).")
     return ["### Step time per run", "", *_table(header, rows), "", note, ""]
 
 
@@ -144,6 +159,10 @@ def _explanation_md(run: str, row: pd.Series, exp: Explanation, top: int) -> lis
     inner = ranges[ranges["kind"] != "phase"]
     lines += _part_md(f"NVTX phases ({basis})", phases, top, "phase")
     lines += _part_md("Top NVTX ranges", inner, top, "range")
+    if not exp.modules.empty:  # a model workload: by module path, eager or compiled
+        lines += _part_md(f"Top modules ({exp.module_basis.upper()} ms per step by module "
+                          "path, from module ranges or compiled kernels' provenance)",
+                          exp.modules, top, "module")
     return lines
 
 
@@ -161,13 +180,21 @@ def _kernel_total_md(categories: pd.DataFrame, step_delta_ms: float) -> list[str
 
 
 def _part_md(title: str, table: pd.DataFrame, top: int, key: str) -> list[str]:
-    if table.empty or not (table[["old_ms_per_step", "new_ms_per_step"]].to_numpy() > 0).any():
+    if table.empty or not (table[["old_ms_per_step", "new_ms_per_step"]].fillna(0).to_numpy()
+                           > 0).any():
         return [f"*{title}*: none recorded on either side.", ""]
     rows = [[_cell(r.key), _ms(r.old_ms_per_step), _ms(r.new_ms_per_step),
-             f"{r.delta_ms_per_step:+.3g}", _share(r.share_of_change)]
-            for r in table.head(top).itertuples()]
+             *_delta_cells(r)] for r in table.head(top).itertuples()]
     header = [key, "old ms/step", "new ms/step", "Δ ms/step", "share of Δ"]
     return [f"*{title}*", "", *_table(header, rows), ""]
+
+
+def _delta_cells(row: object) -> list[str]:
+    """Δ and its share, or why there is none (a range on one side only: never a -100%)."""
+    note = getattr(row, "comparable", "")
+    if isinstance(note, str) and note:
+        return [note, "–"]
+    return [f"{row.delta_ms_per_step:+.3g}", _share(row.share_of_change)]
 
 
 def _share(value: float | None) -> str:

@@ -20,13 +20,22 @@ from analysis.outputs.diff_load import (
     UnusableInput,
     check_summaries,
     find_runs,
+    module_table,
     per_step_table,
     range_table,
     side_provenance,
+    summary_runs_only,
 )
-from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, Side, noise_floor
+from analysis.outputs.diff_noise import (
+    FASTER,
+    SLOWER,
+    VERDICTS,
+    Side,
+    noise_floor,
+    process_gap,
+)
 from analysis.outputs.diff_noise import verdict as noise_verdict
-from analysis.outputs.runs import OK
+from analysis.outputs.runs import OK, empty_cell
 
 DEFAULT_THRESHOLD_PCT = 5.0
 # NVTX ranges that span the whole step: they always "explain" 100% and say nothing.
@@ -35,7 +44,7 @@ RUN_COLUMNS = [
     "run", "presence", "status", "verdict", "old_ms", "old_ci_low_ms", "old_ci_high_ms",
     "new_ms", "new_ci_low_ms", "new_ci_high_ms", "change_pct", "speedup", "speedup_ci_low",
     "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
-    "new_noise_pct", "old_timing_source", "new_timing_source",
+    "new_noise_pct", "process_gap_pct", "old_timing_source", "new_timing_source",
     "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
 ]  # fmt: skip
 EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
@@ -44,7 +53,7 @@ VERDICT_ORDER = {v: i for i, v in enumerate(VERDICTS)}
 NUMERIC_COLUMNS = [
     "old_ms", "old_ci_low_ms", "old_ci_high_ms", "new_ms", "new_ci_low_ms", "new_ci_high_ms",
     "change_pct", "speedup", "speedup_ci_low", "speedup_ci_high", "noise_floor_pct",
-    "old_noise_pct", "new_noise_pct",
+    "old_noise_pct", "new_noise_pct", "process_gap_pct",
 ]  # fmt: skip
 
 
@@ -82,6 +91,7 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
         cis_separate=sn.ci_low_ms > so.ci_high_ms or so.ci_low_ms > sn.ci_high_ms,
         noise_floor_pct=noise_floor(so, sn, threshold) * 100,
         old_noise_pct=so.process_noise_rel * 100, new_noise_pct=sn.process_noise_rel * 100,
+        process_gap_pct=process_gap(so, sn) * 100,
         verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
     )  # fmt: skip
     return row
@@ -115,6 +125,9 @@ class Explanation:
     kernels: pd.DataFrame
     ranges: pd.DataFrame
     range_basis: str
+    # by module path (a model workload's module table), eager and compiled rungs alike
+    modules: pd.DataFrame
+    module_basis: str
 
 
 def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
@@ -127,14 +140,51 @@ def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
     kernels = explain(table(old, "cuda_gpu_kern_sum.csv", "Name"),
                       table(new, "cuda_gpu_kern_sum.csv", "Name"), step_delta_ms)
     ro, rn, basis = range_table(old, new)
-    ranges = explain(ro, rn, step_delta_ms)
+    ranges = one_sided_ranges(explain(ro, rn, step_delta_ms), ro, rn, old, new)
     ranges.insert(1, "kind", [range_kind(str(k)) for k in ranges["key"]])
-    return Explanation(categories, kernels, ranges, basis)
+    mo, mn, module_basis = module_table(old, new)
+    modules = one_sided_ranges(explain(mo, mn, step_delta_ms), mo, mn, old, new, "module")
+    return Explanation(categories, kernels, ranges, basis, modules, module_basis)
+
+
+def one_sided_ranges(table: pd.DataFrame, old_ms: pd.Series | None, new_ms: pd.Series | None,
+                     old: Run, new: Run, what: str = "range") -> pd.DataFrame:
+    """A range (or module) that one side does not have is not comparable, never a -100%
+    change: compiled code runs no NVTX range inside its graphs (module ranges included), so
+    an eager rung's ranges are absent from a compiled one. Its ms there and its Δ are empty,
+    ``comparable`` says why (empty for a key of both sides)."""
+    sides = {"old": (set() if old_ms is None else set(old_ms.index), old),
+             "new": (set() if new_ms is None else set(new_ms.index), new)}
+    notes = []
+    for key in table["key"]:
+        lacking = [side for side, (keys, _) in sides.items() if key not in keys]
+        notes.append(_not_comparable(what, lacking[0], sides[lacking[0]][1]) if lacking
+                     else "")
+    table = table.assign(comparable=notes)
+    for side, (keys, _) in sides.items():
+        table.loc[~table["key"].isin(keys), f"{side}_ms_per_step"] = np.nan
+    gap = table["comparable"] != ""
+    table.loc[gap, ["delta_ms_per_step", "share_of_change"]] = np.nan
+    return pd.concat([table[~gap], table[gap]], ignore_index=True)
+
+
+def _not_comparable(what: str, side: str, run: Run) -> str:
+    compiled = str(run.params().get("compile", "off")) not in ("off", "None", "")
+    if what == "module":
+        why = ("no kernel of its compiled code traced back to it" if compiled else
+               "not in its module table")
+    else:
+        why = ("compiled code has no NVTX ranges inside its graphs" if compiled else
+               "its code does not open it")
+    return f"not comparable (no such {what} in {side}: {why})"
 
 
 def top_range(ranges: pd.DataFrame) -> str | None:
     """The NVTX range inside the phases (a layer, sublayer or op) whose time changed most."""
     inner = ranges[~ranges["kind"].isin(STEP_KINDS | {"phase"})]
+    if "comparable" in inner:
+        # read back from ranges.csv, an empty cell is NaN
+        inner = inner[[empty_cell(note) or note == "" for note in inner["comparable"]]]
     return None if inner.empty else str(inner["key"].iloc[0])
 
 
@@ -182,6 +232,7 @@ def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
     old_runs, new_runs = find_runs(old), find_runs(new)
     check_summaries(old, old_runs, "old")
     check_summaries(new, new_runs, "new")
+    old_runs, new_runs = summary_runs_only(old, old_runs), summary_runs_only(new, new_runs)
     old_runs = apply_pairs(old_runs, new_runs, pairs or {})
     if not set(old_runs) & set(new_runs):
         raise UnusableInput(f"no run in common: old {old} has {len(old_runs)} runs, new {new} "
@@ -222,8 +273,8 @@ def explanation_csv(diff: Diff, part: str, key: str) -> pd.DataFrame:
         table = getattr(exp, part).rename(columns={"key": key}).copy()
         table.insert(0, "run", run)
         table.insert(1, "verdict", verdicts[run])
-        if part == "ranges":
-            table.insert(3, "basis", exp.range_basis)
+        if part in ("ranges", "modules"):
+            table.insert(3, "basis", exp.range_basis if part == "ranges" else exp.module_basis)
         frames.append(table)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "verdict", key, *EXPLAIN_COLUMNS[2:]])

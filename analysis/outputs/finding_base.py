@@ -141,6 +141,11 @@ class Context:
         row = table.loc[table["Category"] == category, "Time (%)"]
         return float(row.iloc[0]) if len(row) else None
 
+    def on_cpu(self, run: str) -> bool:
+        """Whether the run was timed on the CPU (host clock, no GPU): its findings then say
+        nothing of a GPU."""
+        return self.cell(run, "timer") == "wall"
+
     def has_gpu_time(self, run: str) -> bool:
         """Whether the capture holds GPU kernels (a CPU run's has none)."""
         return bool(self.cell(run, "kernel_time_ns"))

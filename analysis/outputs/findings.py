@@ -288,6 +288,8 @@ def unstable_fix(ctx: Context, run: str) -> str:
     """What to do about a wide CI; for a host-bound step, why more repeats will not narrow it
     and which launch-removing fixes the run does not have yet."""
     share = ctx.cell(run, "host_bound_share")
+    if ctx.on_cpu(run):  # a CPU run has no gpu_state; its noise is the machine's other work
+        return "more repeats or steps; other processes on this machine share its cores"
     if share is None or share < HOST_BOUND_SHARE:
         return "more repeats or steps; check gpu_state flags (throttling, other processes)"
     spread = ctx.cell(run, "cpu_probe_spread")
@@ -366,11 +368,11 @@ def optimizer_at_roofline(ctx: Context, run: str) -> Iterator[Finding]:
 
 def high_op_overhead(ctx: Context, run: str) -> Iterator[Finding]:
     """The op ranges slowed the op capture's step: its CPU columns are inflated."""
+    gpu = "" if ctx.on_cpu(run) else "; its GPU columns are kernel times and hold"
     yield from _overhead_finding(
         ctx, run, "high_op_overhead", "ops_overhead", HIGH_OP_OVERHEAD,
         "the op ranges slowed the traced step",
-        "read ops.csv's CPU columns with care (the ranges cost host time); its GPU columns "
-        "are kernel times and hold")
+        f"read ops.csv's CPU columns with care (the ranges cost host time){gpu}")
 
 
 RULES: list[Rule] = [

@@ -17,7 +17,7 @@ import pandas as pd
 from analysis.metrics.modules import outermost
 from analysis.outputs.overview_experiments import number
 from analysis.outputs.overview_page import EMPTY, Grid, Titled
-from analysis.outputs.runs import OK, empty_cell, module_table_suspect
+from analysis.outputs.runs import OK, empty_cell, module_table_suspect, read_json
 
 TOP_OPS = 5
 OP_CAPTURE, KERNEL_MAP = "ops.csv", "compiled_ops.csv"
@@ -84,19 +84,28 @@ def ladder_ops(results: Path, ladders: dict[str, pd.DataFrame],
     return out
 
 
+# What a table of op tables ranks by: GPU time, or CPU self time when no side had GPU work.
+RANKED = {True: ("GPU ms/step", "GPU Share of Step", "GPU time per step"),
+          False: ("CPU Self ms/step", "CPU Share of Step",
+                  "CPU self time per step (no GPU work in these runs: each op's own host "
+                  "time, without the ops it called)")}
+
+
 def _side_by_side(sides: list[OpTable]) -> Grid:
+    gpu = any(side.on_gpu for side in sides)
+    time, share, ranked_by = RANKED[gpu]
     header: list[str] = []
     columns: list[list[list[str]]] = []
     for side in sides:
         kind = "ATen op" if side.source == OP_CAPTURE else "compiled kernels' source"
-        header += [f"{_rung(side)}: {kind}", "GPU ms/step", "share", "calls/step"]
-        columns.append([[op_name(str(r["Op"])), _cell(r["GPU ms/step"]),
-                         _share(r["GPU Share of Step"]), _cell(r["Calls/Step"])]
-                        for _, r in side.top().iterrows()])
+        header += [f"{_rung(side)}: {kind}", time.replace("Self", "self"), "share",
+                   "calls/step"]
+        columns.append([[op_name(str(r["Op"])), _cell(r[time]), _share(r.get(share)),
+                         _cell(r["Calls/Step"])] for _, r in side.top().iterrows()])
     depth = max(len(c) for c in columns)
     rows = [[cell for c in columns for cell in (c[i] if i < len(c) else ["", "", "", ""])]
             for i in range(depth)]
-    caption = f"Top {TOP_OPS} by GPU time per step. " + " ".join(_what_rows_are(sides))
+    caption = f"Top {TOP_OPS} by {ranked_by}. " + " ".join(_what_rows_are(sides, gpu))
     return Grid(header, rows, caption, shorten=True)
 
 
@@ -105,15 +114,16 @@ def _rung(side: OpTable) -> str:
     return str(side.run["run"]) if empty_cell(rung) else str(rung)
 
 
-def _what_rows_are(sides: list[OpTable]) -> list[str]:
+def _what_rows_are(sides: list[OpTable], gpu: bool = True) -> list[str]:
     """One sentence per kind of op table: which rung's rows are ATen ops, which are the
     sources of compiled kernels."""
     out = []
+    each = ("the GPU time of the kernels it launched itself" if gpu else
+            "its own CPU time, inflated by the op ranges")
     for side in sides:
         if side.source == OP_CAPTURE:
             out.append(f"**{_rung(side)}** (eager, `stats/ops.csv`): ATen ops from its op "
-                       "capture, each with the GPU time of the kernels it launched itself "
-                       f"({_overhead(side.run)}).")
+                       f"capture, each with {each} ({_overhead(side.run)}).")
     compiled = [f"**{_rung(s)}**" for s in sides if s.source == KERNEL_MAP]
     if compiled:
         out.append(f"{' and '.join(compiled)} (compiled, `stats/compiled_ops.csv`): what each "
@@ -148,8 +158,9 @@ def capture_ops(results: Path, summary: pd.DataFrame, ladder_runs: set[str]) -> 
                  _share(r["GPU Share of Step"]) if gpu else EMPTY, _cell(r["Calls/Step"]),
                  _cell(r["Kernels/Call"]) if gpu else EMPTY, _cell(r["CPU Self ms/step"])]
                 for _, r in table.top().iterrows()]
+        by = "GPU time" if gpu else "CPU self time (no GPU work in this run)"
         caption = (f"ATen ops from its op capture (`{run['run']}/stats/ops.csv`: torch.profiler's "
-                   f"op ranges), by {'GPU' if gpu else 'CPU'} time; {_overhead(run)}.")
+                   f"op ranges), by {by}; {_overhead(run)}.")
         grid = Grid(["ATen op", "GPU ms/step", "GPU share", "calls/step", "kernels/call",
                      "CPU self ms/step"], rows, caption, shorten=True)
         out.append(Titled(f"Top ops: {run['run']}", grid.without_empty_columns()))
@@ -168,13 +179,21 @@ def _share(value: object) -> str:
 
 # --- modules -----------------------------------------------------------------------------------
 
-MODULE_COLUMNS = ["Forward GPU ms/step", "Backward GPU ms/step", "Share of Step"]
+MODULE_COLUMNS = {True: ["Forward GPU ms/step", "Backward GPU ms/step"],
+                  False: ["Forward CPU ms/step", "Backward CPU ms/step"]}
+# Why a model run's module table has no rows: compiled code runs no module range, and the
+# kernel provenance that maps compiled code to modules is of GPU kernels.
+NO_MODULES = ("No rows: this rung is compiled and ran on the CPU, where compiled code has no "
+              "module ranges (they run in eager code only) and no GPU kernels whose Inductor "
+              "provenance would name their modules. Its eager rungs' module tables have rows; "
+              "on a GPU the compiled rung's would too.")
 
 
 def module_tables(results: Path, ladders: dict[str, pd.DataFrame]) -> list[Titled]:
-    """Per ladder, its fastest rung's module table at a glance (stats/module_table.csv of a
-    model workload): the outermost modules, then every layer summed and each sublayer summed
-    over the layers."""
+    """Per ladder of a model workload, its fastest rung's module table at a glance
+    (stats/module_table.csv): the outermost modules, then every layer summed and each
+    sublayer summed over the layers; by GPU time, or CPU time on a run without GPU work; an
+    empty table says why."""
     out = []
     for ladder in ladders.values():
         ok = ladder[(ladder["status"] == OK) & ladder["step_ms"].notna()]
@@ -184,47 +203,85 @@ def module_tables(results: Path, ladders: dict[str, pd.DataFrame]) -> list[Title
         modules = _read_modules(results / run / "stats" / "module_table.csv")
         if modules is None:
             continue
+        title = f"Where the step goes by module: {run}"
+        if modules.empty:
+            if _compiled_on_cpu(read_json(results / run / "times.json") or {}):
+                out.append(Titled(title, Grid(["module", "forward ms", "backward ms"], [],
+                                              NO_MODULES)))
+            continue
         suspect = module_table_suspect(results, run)
         if suspect:
-            out.append(Titled(f"Where the step goes by module: {run}", Grid(
+            out.append(Titled(title, Grid(
                 ["module table not shown"], [[f"it fails its self-check: {suspect}"]],
                 f"`{run}/stats/module_table.csv` (docs/analysis.md, the module table).")))
             continue
-        glance = module_glance(modules)
-        out.append(Titled(f"Where the step goes by module: {run}", Grid(
+        gpu = bool(modules["Share of Step"].astype(str).str.len().any())
+        glance = module_glance(modules, gpu, _step_cpu_ms(results / run / "stats"))
+        what = ("GPU ms per step" if gpu else
+                "CPU ms per step (no GPU work in this run: the module ranges' own time)")
+        out.append(Titled(title, Grid(
             list(glance.columns), glance.values.tolist(),
-            f"GPU ms per step, inclusive of each module's children (`{run}/stats/"
-            "module_table.csv`); shares of the whole step.")))
+            f"{what}, inclusive of each module's children (`{run}/stats/module_table.csv`); "
+            "shares of the whole step.")))
     return out
 
 
+def _compiled_on_cpu(record: dict) -> bool:
+    """Whether the run's capture record is of compiled code timed on the CPU."""
+    compiled = str((record.get("params") or {}).get("compile", "off")) != "off"
+    return compiled and record.get("timer") == "wall"
+
+
 def _read_modules(path: Path) -> pd.DataFrame | None:
+    """A model run's module table (empty: header only), None for a run without one (a
+    workload without module ranges writes no rows and no model structure)."""
     if not path.exists() or path.stat().st_size == 0:
         return None
     table = pd.read_csv(path, keep_default_na=False)
-    if table.empty or not table["Share of Step"].astype(str).str.len().any():
-        return None  # no GPU time (a CPU run)
+    if table.empty and (read_json(path.parent.parent / "times.json") or {}).get(
+            "workload") != "model":
+        return None  # no module ranges by design (the GPT's table is always a header)
     return table
 
 
-def module_glance(table: pd.DataFrame) -> pd.DataFrame:
-    """The outermost modules, then all layers and each sublayer over the layers."""
+def _step_cpu_ms(stats: Path) -> float | None:
+    """The step's CPU ms (the phase table's ``profiled_step`` row), for CPU shares."""
+    path = stats / "phase_gpu_time.csv"
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    table = pd.read_csv(path)
+    row = table.loc[table["Range"].astype(str) == "profiled_step", "CPU ms/step"]
+    return float(row.iloc[0]) if len(row) and float(row.iloc[0]) > 0 else None
+
+
+def module_glance(table: pd.DataFrame, gpu: bool = True,
+                  step_cpu_ms: float | None = None) -> pd.DataFrame:
+    """The outermost modules, then all layers and each sublayer over the layers, by GPU time
+    (CPU time when ``gpu`` is false: shares of ``step_cpu_ms``)."""
     roots = set(outermost(table["Module"]))
     layers = table[(table["Layer"] != "") & (table["Layer"] == table["Module"])]
     # a sublayer's own row (layers.0.attn), not the modules inside it (layers.0.attn.q_proj)
     sublayers = table[[s != "" and m.split(".")[-1] == s
                        for m, s in zip(table["Module"], table["Sublayer"], strict=True)]]
-    rows = [_glance_row(r["Module"], [r]) for _, r in table.iterrows()
+    def row(name: str, rows: list[pd.Series]) -> dict[str, str]:
+        return _glance_row(name, rows, gpu, step_cpu_ms)
+
+    rows = [row(r["Module"], [r]) for _, r in table.iterrows()
             if r["Module"] in roots and r["Module"] not in set(layers["Layer"])]
     if len(layers):
-        rows.append(_glance_row(f"{len(layers)} layers ({layers['Module'].iloc[0]}, ...)",
-                                [r for _, r in layers.iterrows()]))
+        rows.append(row(f"{len(layers)} layers ({layers['Module'].iloc[0]}, ...)",
+                        [r for _, r in layers.iterrows()]))
         for name, group in sublayers.groupby("Sublayer", sort=False):
-            rows.append(_glance_row(f"  {name}, all layers", [r for _, r in group.iterrows()]))
+            rows.append(row(f"  {name}, all layers", [r for _, r in group.iterrows()]))
     return pd.DataFrame(rows)
 
 
-def _glance_row(name: str, rows: list[pd.Series]) -> dict[str, str]:
-    fwd, bwd, share = (sum(float(r[c] or 0) for r in rows) for c in MODULE_COLUMNS)
+def _glance_row(name: str, rows: list[pd.Series], gpu: bool,
+                step_cpu_ms: float | None) -> dict[str, str]:
+    fwd, bwd = (sum(float(r[c] or 0) for r in rows) for c in MODULE_COLUMNS[gpu])
+    if gpu:
+        share: str = f"{sum(float(r['Share of Step'] or 0) for r in rows):.0%}"
+    else:
+        share = f"{(fwd + bwd) / step_cpu_ms:.0%}" if step_cpu_ms else EMPTY
     return {"module": name, "forward ms": f"{fwd:.3g}", "backward ms": f"{bwd:.3g}",
-            "share of step": f"{share:.0%}"}
+            "share of step": share}

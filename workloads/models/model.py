@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from workloads import factory_check
 from workloads.models import gpt
 
 # What a job of a model reserves on a cluster unless the run says (host MB, minutes).
@@ -78,12 +79,17 @@ def needs(options: Options) -> tuple[float, float]:
 
 
 def check(options: Options) -> tuple[str, str] | None:
-    """(key, problem) before any job starts: the factory must import and be callable."""
+    """(key, problem) before any job starts: what the factory's source shows is wrong (read,
+    not imported: fast), then it must import, be callable and take the run's kwargs
+    (workloads/factory_check.py)."""
+    problem = factory_check.source_problem(options.factory, options.kwargs)
+    if problem is not None:
+        return problem
     try:
-        load_factory(options.factory)
+        fn = load_factory(options.factory)
     except FactoryError as err:
         return "factory", str(err)
-    return None
+    return factory_check.signature_problem(fn, options.kwargs)
 
 
 class FactoryError(ValueError):
