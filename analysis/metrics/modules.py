@@ -162,29 +162,12 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
         held = _intersect(_union_all([spans[p] for p in roots]), both)
         coverage = _length(held) / _length(both) if _length(both) else None
     table = Table(HEADER, rows)
+    per_step = steps * 1e6
     guests = _guests(ranges, paths, fwd_win)
     if gpu_ns:
-        def gpu_within(child: str, parent: str | None) -> float:
-            mask = masks[child] & (masks[parent] if parent else in_step)
-            for host in guests.get(child, []):
-                mask &= ~masks[host]
-            return ops.dur[mask].sum() / steps / 1e6
-
-        suspect = check_module_table(
-            paths, lambda p: ops.dur[masks[p]].sum() / steps / 1e6, gpu_within,
-            step_ns / steps / 1e6, _range_problems(ranges), "GPU ms")
+        suspect = _gpu_check(ops, paths, masks, guests, in_step, per_step, _range_problems(ranges))
     else:  # a CPU run: the ranges' own time
-        steps_span = _windows(ranges, STEP_RANGE)
-
-        def cpu_within(child: str, parent: str | None) -> float:
-            part = _intersect(spans[child], spans[parent] if parent else steps_span)
-            for host in guests.get(child, []):
-                part = _minus(part, spans[host])
-            return _length(part) / steps / 1e6
-
-        suspect = check_module_table(
-            paths, lambda p: _length(spans[p]) / steps / 1e6, cpu_within,
-            ranges.cpu_ns(STEP_RANGE) / steps / 1e6, _range_problems(ranges), "CPU ms")
+        suspect = _cpu_check(ranges, paths, spans, guests, per_step)
     return ModuleTable(table, {"module_coverage": None if suspect else coverage,
                                "module_attribution_suspect": suspect})
 
@@ -329,6 +312,37 @@ def _union_all(parts: list[Spans]) -> Spans:
     if not parts:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     return _union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def _gpu_check(ops: GpuOps, paths: list[str], masks: dict[str, np.ndarray],
+               guests: dict[str, list[str]], in_step: np.ndarray, per_step: float,
+               problems: list[str]) -> str | None:
+    """The self-check on the ops each module holds (a guest's time inside its hosts apart)."""
+
+    def within(child: str, parent: str | None) -> float:
+        mask = masks[child] & (masks[parent] if parent else in_step)
+        for host in guests.get(child, []):
+            mask &= ~masks[host]
+        return ops.dur[mask].sum() / per_step
+
+    return check_module_table(paths, lambda p: ops.dur[masks[p]].sum() / per_step, within,
+                              ops.dur[in_step].sum() / per_step, problems, "GPU ms")
+
+
+def _cpu_check(ranges: _Ranges, paths: list[str], spans: dict[str, Spans],
+               guests: dict[str, list[str]], per_step: float) -> str | None:
+    """The self-check on the spans of each module's ranges (a CPU run: where the time goes)."""
+    steps_span = _windows(ranges, STEP_RANGE)
+
+    def within(child: str, parent: str | None) -> float:
+        part = _intersect(spans[child], spans[parent] if parent else steps_span)
+        for host in guests.get(child, []):
+            part = _minus(part, spans[host])
+        return _length(part) / per_step
+
+    return check_module_table(paths, lambda p: _length(spans[p]) / per_step, within,
+                              ranges.cpu_ns(STEP_RANGE) / per_step, _range_problems(ranges),
+                              "CPU ms")
 
 
 def _guests(ranges: _Ranges, paths: list[str],
