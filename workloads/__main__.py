@@ -181,7 +181,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
 # compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
 NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
     ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"), ("comm", "on"),
-    ("straggle_ms", 0.0), ("straggle_rank", 0))}
+    ("straggle_ms", 0.0), ("straggle_rank", 0), ("checkpoint", "none"))}
 
 
 def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -506,6 +506,10 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
         ranges = module_ranges.ModuleRanges(model, depth)
+    if options.checkpoint == "layers":
+        from workloads.models.parts import checkpoint_layers
+
+        checkpoint_layers(structure.layer_modules(model))
     if options.compile_blocks == "once" and speed.compile_mode != "off":
         from workloads.models.parts import compile_once
 

@@ -67,6 +67,10 @@ class Options:
                 "layers' forward is one nested compile region, compiled in the first layer and "
                 "reused by the others (the structure's layers, all of one class); regional = "
                 "each layer compiled on its own, the rest eager"})
+    checkpoint: Literal["none", "layers"] = field(default="none", metadata={
+        "help": "activation checkpointing: layers = each of the structure's layers keeps only "
+                "its input and runs its forward again in backward (torch.utils.checkpoint, "
+                "non-reentrant), trading step time for activation memory"})
     parallel: Literal["none", "ddp", "fsdp"] = _as_gpt("parallel")
     gpus: int = _as_gpt("gpus")
     bucket_cap_mb: float = _as_gpt("bucket_cap_mb")

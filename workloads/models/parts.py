@@ -162,6 +162,35 @@ def import_torchvision() -> Any:
     return importlib.import_module("torchvision")
 
 
+def checkpoint_layers(layers: list[Any]) -> None:
+    """Activation checkpointing of each layer (``checkpoint: layers``): its forward runs under
+    ``torch.utils.checkpoint`` (non-reentrant, as PyTorch recommends), so backward recomputes
+    it from the layer's input instead of keeping its activations. Like HuggingFace's
+    gradient checkpointing, the layer's ``forward`` is checkpointed, not its call: its own
+    hooks (FSDP2's, the module ranges) stay outside and run once. Each layer becomes an
+    instance of a subclass of its class; without gradients the forward runs as it is."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if not layers:
+        raise ValueError("checkpoint layers needs layers: set `layers` or return a structure "
+                         "from the factory (or let profbench find them)")
+    made: dict[type, type] = {}
+    for layer in layers:
+        cls = type(layer)
+        if cls not in made:
+            inner = cls.forward
+
+            def forward(self: Any, *args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                if not torch.is_grad_enabled():
+                    return _inner(self, *args, **kwargs)
+                return checkpoint(_inner, self, *args, use_reentrant=False, **kwargs)
+
+            made[cls] = type(f"{cls.__name__}Checkpointed", (cls,), {
+                "forward": forward, "__module__": cls.__module__})
+        layer.__class__ = made[cls]
+
+
 def compile_once(layers: list[Any]) -> None:
     """Make the layers' forward one nested compile region (``compile_blocks: once``):
     torch.compile traces and compiles it in the first layer and reuses that code in every
