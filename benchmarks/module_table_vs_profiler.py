@@ -8,7 +8,7 @@ optimizer from ``plan.json``), this builds the model again from its factory, tra
 plain loop (autocast, AdamW) and profiles ``--steps`` steps with torch.profiler, each module's
 call wrapped in a ``record_function`` by forward hooks: ``fwd:<path>`` for a forward,
 ``rec:<path>`` for a forward that runs while autograd executes a graph (activation
-checkpointing's recomputation). A module's figure is the device time (CPU time on a CPU
+checkpointing's recomputation). A module's figure is the GPU time (CPU time on a CPU
 run) of everything launched inside its calls, per step, and its calls per step.
 
 It prints, per module holding at least 1% of the step: forward ms from the capture's module
