@@ -24,7 +24,7 @@ REL_TOLERANCE = 0.005
 ABS_TOLERANCE_MS = 0.002
 
 
-def nearest_parent(path: str, present: set[str]) -> str | None:
+def _nearest_parent(path: str, present: set[str]) -> str | None:
     """The closest ancestor of ``path`` among ``present`` (None: an outermost module)."""
     parts = path.split(".")
     for i in range(len(parts) - 1, 0, -1):
@@ -32,6 +32,16 @@ def nearest_parent(path: str, present: set[str]) -> str | None:
         if prefix in present:
             return prefix
     return None
+
+
+def children_of(paths: Sequence[str]) -> dict[str | None, list[str]]:
+    """Nearest present parent (None for the outermost modules) -> its child paths, in order:
+    a ModuleList that is never called has no row, so its layers are the model's children."""
+    present = set(paths)
+    children: dict[str | None, list[str]] = {}
+    for path in paths:
+        children.setdefault(_nearest_parent(path, present), []).append(path)
+    return children
 
 
 def _over(part: float, whole: float) -> bool:
@@ -47,10 +57,7 @@ def check_module_table(paths: Sequence[str], total: Callable[[str], float],
     child's time inside its parent's (parent None: inside the step), outside the siblings it
     is a guest of; ``step``: the step's time per step (None: unknown, the
     step checks are skipped); ``range_problems``: ranges that left their step."""
-    present = set(paths)
-    children: dict[str | None, list[str]] = {}
-    for path in paths:
-        children.setdefault(nearest_parent(path, present), []).append(path)
+    children = children_of(paths)
     worst: tuple[float, str] | None = None
 
     def note(ratio: float, text: str) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 
 from analysis.metrics.attribution import Attribution
 from analysis.metrics.gpuops import GpuOps
-from analysis.metrics.modulecheck import check_module_table, nearest_parent
+from analysis.metrics.modulecheck import check_module_table, children_of
 from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Ranges, _union
 from analysis.reading.export import Export
 from analysis.reading.torchtrace import UNHANDLED
@@ -345,15 +345,10 @@ def _cpu_check(ranges: _Ranges, paths: list[str], spans: dict[str, Spans],
                               "CPU ms")
 
 
-def _guests(ranges: _Ranges, paths: list[str],
-            fwd: tuple[np.ndarray, np.ndarray]) -> dict[str, list[str]]:
+def _guests(ranges: _Ranges, paths: list[str], fwd: Spans) -> dict[str, list[str]]:
     """Modules called from inside a sibling's forward (a rotary embedding the root holds and
     every layer's attention calls), with those siblings: some forward range of theirs starts
     inside one of the sibling's forward ranges."""
-    present = set(paths)
-    siblings: dict[str | None, list[str]] = {}
-    for path in paths:
-        siblings.setdefault(nearest_parent(path, present), []).append(path)
     empty = np.empty(0, np.int64)
     spans = {}
     for path in paths:
@@ -362,7 +357,7 @@ def _guests(ranges: _Ranges, paths: list[str],
         if i.size:
             spans[path] = _union(ranges.start[i], ranges.end[i])
     guests: dict[str, list[str]] = {}
-    for group in siblings.values():
+    for group in children_of(paths).values():
         for path in (p for p in group if p in spans):
             hosts = [o for o in group if o != path and o in spans
                      and _inside(spans[path][0], *spans[o]).any()]
@@ -371,7 +366,7 @@ def _guests(ranges: _Ranges, paths: list[str],
     return guests
 
 
-def _length(spans: tuple[np.ndarray, np.ndarray]) -> int:
+def _length(spans: Spans) -> int:
     return int((spans[1] - spans[0]).sum())
 
 

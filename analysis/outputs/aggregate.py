@@ -151,7 +151,6 @@ def run_row(
     row.update(traced_columns(times, step_ms))
     row.update(throughput_columns(first, step_ms, calibration))
     row.update(status=_status(timing, times), message=_message(timing, times))
-    row["flags"] = ""  # after the capture's metrics, which can raise one
     row["timer"] = first.get("timer")
     for key in ("peak_memory_bytes", "compile_s", "device_name", "torch", "cuda", "params_count"):
         row[key] = first.get(key)
@@ -169,7 +168,7 @@ def run_row(
     row.update(record_commits([*timing.records, *([times] if times else [])]))
     # the driver, as NVML reported it during the timing run (None without NVML)
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
-    row["flags"] = ";".join(_flags(row, timing))
+    row["flags"] = ";".join(_flags(row, timing))  # last: the capture's metrics can raise one
     return row
 
 
