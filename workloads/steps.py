@@ -232,7 +232,7 @@ def track_provenance() -> None:
 
 
 # A version in the pass's uuid keeps Inductor's cache honest (MODULE_PATH_LINE: structure.py).
-_MODULE_PATHS_UUID = "profbench-module-paths-3"
+_MODULE_PATHS_UUID = "profbench-module-paths-4"
 # forward nodes' module paths by stack trace, for the backward graph compiled after them
 _PATH_BY_TRACE: dict[str, str] = {}
 
@@ -244,11 +244,13 @@ def track_module_paths() -> None:
     and Inductor's cache keeps with the compiled code, so a capture that loads the timing
     processes' code still has it. A forward node that AOTAutograd's partitioner put in the
     backward graph (activation checkpointing's recomputation, or its own rematerialization)
-    gets a second line, ``RECOMPUTE_LINE``."""
+    gets a second line, ``RECOMPUTE_LINE``; a node of an ATen op gets its op's name,
+    ``NODE_OP_LINE``, which tells an extern kernel's own nodes from those fused into its
+    inputs."""
     import torch._inductor.config as inductor_config
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    from workloads.structure import MODULE_PATH_LINE, RECOMPUTE_LINE
+    from workloads.structure import MODULE_PATH_LINE, NODE_OP_LINE, RECOMPUTE_LINE
 
     class ModulePaths(CustomGraphPass):
         def __call__(self, graph: torch.fx.Graph) -> None:
@@ -267,6 +269,8 @@ def track_module_paths() -> None:
                     lines = [MODULE_PATH_LINE.format(path)]
                     if backward and node.meta.get("partitioner_tag") == "is_forward":
                         lines.append(RECOMPUTE_LINE)
+                    if isinstance(node.target, torch._ops.OpOverload):
+                        lines.append(NODE_OP_LINE.format(node.target))
                     node.meta["stack_trace"] = trace.rstrip("\n") + "".join(
                         f"\n  {line}" for line in lines) + "\n"
 

@@ -24,6 +24,10 @@ RECOMPUTE_RANGE_PREFIX = "recompute:"
 MODULE_PATH_LINE = "[profbench module {}]"
 # ... and the line of a forward node recomputed in backward (compiled checkpointing)
 RECOMPUTE_LINE = "[profbench recompute]"
+# ... and the ATen op of the node (``aten.convolution_backward.default``): an extern kernel's
+# provenance also holds the nodes fused into its inputs, of other modules (a batch norm's
+# backward before a convolution's), so the analysis keeps those of the op it runs
+NODE_OP_LINE = "[profbench op {}]"
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ Compiled code has no module ranges inside it: its kernels get the module path In
 provenance recorded for the nodes fused into them (the stack-trace line that
 workloads/steps.py ``track_module_paths`` adds; a kernel fusing nodes of several modules goes
 to their deepest common module, or to the one most of them name when only the root holds
-them all; eager glue launched between compiled kernels follows the kernel before it). A path
-compiled below an eager module range (a layer compiled on its own) is relative to that
-range's module. Paths deeper than the run's
+them all; an extern kernel, a cuDNN convolution's backward, to the nodes of its own op, not
+those fused into its inputs; eager glue launched between compiled kernels follows the kernel
+before it). A path compiled below an eager module range (a layer compiled on its own) is
+relative to that range's module. Paths deeper than the run's
 ``module_depth`` count for their ancestor at that depth.
 
 ``module_coverage`` (metrics.json): the share of forward + backward GPU time that some module
@@ -50,11 +51,12 @@ from analysis.metrics.gpuops import GpuOps
 from analysis.metrics.modulecheck import check_module_table, children_of
 from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Ranges, _union
 from analysis.reading.export import Export
-from analysis.reading.torchtrace import UNHANDLED
+from analysis.reading.torchtrace import UNHANDLED, CallSite
 from analysis.reports.fmt import Table
-from workloads.models.parts import (
+from workloads.structure import (
     MODULE_PATH_LINE,
     MODULE_RANGE_PREFIX,
+    NODE_OP_LINE,
     RECOMPUTE_LINE,
     RECOMPUTE_RANGE_PREFIX,
     Structure,
@@ -63,6 +65,7 @@ from workloads.models.parts import (
 PREFIX, RECOMPUTE = MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
 # the line workloads/steps.py adds to a compiled node's stack trace, its path captured
 _MODULE_LINE = re.compile(re.escape(MODULE_PATH_LINE).replace(re.escape("{}"), r"([^\]]*)"))
+_OP_LINE = re.compile(re.escape(NODE_OP_LINE).replace(re.escape("{}"), r"([^\]]*)"))
 FORWARD, BACKWARD = PHASES.index("forward_pass"), PHASES.index("backward_pass")
 HEADER = ["Module", "Depth", "Layer", "Sublayer", "Forward GPU ms/step",
           "Backward GPU ms/step", "Recompute GPU ms/step", "GPU ms/step", "Share of Step",
@@ -193,7 +196,7 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
     out = np.full(ops.size, "", dtype=object)
     if attribution is None:
         return out
-    site_paths = [[_common(_site_paths(site.stack_traces)) for site in graph.sites]
+    site_paths = [[_common(_site_paths(site)) for site in graph.sites]
                   for graph in attribution.graphs]
     innermost = np.full(ops.size, "", dtype=object)
     for path in sorted(eager, key=lambda p: p.count(".")):  # deeper ranges overwrite
@@ -236,8 +239,25 @@ def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray,
             paths[op] = last
 
 
-def _site_paths(traces: tuple[str, ...]) -> list[str]:
+def _site_paths(site: CallSite) -> list[str]:
+    """The module paths of the nodes a call site ran. An extern kernel's provenance also holds
+    the nodes Inductor fused into its inputs (a convolution's backward gets its batch norm's
+    backward nodes, many against its one): only its own op's nodes count, where their traces
+    name ops (workloads/steps.py adds the line)."""
+    traces = site.stack_traces
+    if not site.is_triton:
+        op = _extern_op(site.kernel)
+        own = tuple(t for t in traces if any(_extern_op(m.group(1)) == op
+                                             for m in _OP_LINE.finditer(t)))
+        traces = own or traces
     return [m.group(1) for t in traces for m in _MODULE_LINE.finditer(t)]
+
+
+def _extern_op(name: str) -> str:
+    """``torch.ops.aten.convolution_backward.default``, ``aten.convolution_backward.default``
+    and ``extern_kernels.convolution_backward`` -> ``convolution_backward``."""
+    parts = [p for p in name.split(".") if p not in ("default", "out", "Tensor")]
+    return parts[-1] if parts else name
 
 
 def _common(paths: list[str]) -> str:
