@@ -46,26 +46,21 @@ from typing import Any
 
 import numpy as np
 
-from analysis.metrics.attribution import Attribution
+from analysis.metrics.attribution import Attribution, site_path
 from analysis.metrics.gpuops import GpuOps
 from analysis.metrics.modulecheck import check_module_table, children_of
 from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Ranges, _union
 from analysis.reading.export import Export
-from analysis.reading.torchtrace import UNHANDLED, CallSite
+from analysis.reading.torchtrace import UNHANDLED
 from analysis.reports.fmt import Table
 from workloads.structure import (
-    MODULE_PATH_LINE,
     MODULE_RANGE_PREFIX,
-    NODE_OP_LINE,
     RECOMPUTE_LINE,
     RECOMPUTE_RANGE_PREFIX,
     Structure,
 )
 
 PREFIX, RECOMPUTE = MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
-# the line workloads/steps.py adds to a compiled node's stack trace, its path captured
-_MODULE_LINE = re.compile(re.escape(MODULE_PATH_LINE).replace(re.escape("{}"), r"([^\]]*)"))
-_OP_LINE = re.compile(re.escape(NODE_OP_LINE).replace(re.escape("{}"), r"([^\]]*)"))
 FORWARD, BACKWARD = PHASES.index("forward_pass"), PHASES.index("backward_pass")
 HEADER = ["Module", "Depth", "Layer", "Sublayer", "Forward GPU ms/step",
           "Backward GPU ms/step", "Recompute GPU ms/step", "GPU ms/step", "Share of Step",
@@ -196,8 +191,7 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
     out = np.full(ops.size, "", dtype=object)
     if attribution is None:
         return out
-    site_paths = [[_common(_site_paths(site)) for site in graph.sites]
-                  for graph in attribution.graphs]
+    site_paths = [[site_path(site) for site in graph.sites] for graph in attribution.graphs]
     innermost = np.full(ops.size, "", dtype=object)
     for path in sorted(eager, key=lambda p: p.count(".")):  # deeper ranges overwrite
         innermost[eager[path]] = path
@@ -237,44 +231,6 @@ def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray,
             last = paths[op] if attribution.op_graph[op] >= 0 else last
         elif fillable[op] and last:
             paths[op] = last
-
-
-def _site_paths(site: CallSite) -> list[str]:
-    """The module paths of the nodes a call site ran. An extern kernel's provenance also holds
-    the nodes Inductor fused into its inputs (a convolution's backward gets its batch norm's
-    backward nodes, many against its one): only its own op's nodes count, where their traces
-    name ops (workloads/steps.py adds the line)."""
-    traces = site.stack_traces
-    if not site.is_triton:
-        op = _extern_op(site.kernel)
-        own = tuple(t for t in traces if any(_extern_op(m.group(1)) == op
-                                             for m in _OP_LINE.finditer(t)))
-        traces = own or traces
-    return [m.group(1) for t in traces for m in _MODULE_LINE.finditer(t)]
-
-
-def _extern_op(name: str) -> str:
-    """``torch.ops.aten.convolution_backward.default``, ``aten.convolution_backward.default``
-    and ``extern_kernels.convolution_backward`` -> ``convolution_backward``."""
-    parts = [p for p in name.split(".") if p not in ("default", "out", "Tensor")]
-    return parts[-1] if parts else name
-
-
-def _common(paths: list[str]) -> str:
-    """The deepest module holding every path; when only the root holds them all (a kernel
-    fusing the end of one top-level module with the start of the next, or a weight tied
-    between two), the path most of them name."""
-    if not paths:
-        return ""
-    split = [p.split(".") for p in set(paths)]
-    common = []
-    for parts in zip(*split, strict=False):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    if common:
-        return ".".join(common)
-    return max(sorted(set(paths)), key=paths.count)
 
 
 def outermost(paths: Iterable[str]) -> list[str]:
