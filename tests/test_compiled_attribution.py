@@ -317,3 +317,35 @@ def test_kernels_of_a_graph_missing_from_the_trace_stay_unmatched(run) -> None:
     rows = phase_table(run.export, run.ops, run.phases)
     metrics = attribution_metrics(run.ops, run.phases, a, rows)
     assert metrics["kernel_map"] == "partial" and metrics["triton_matched_share"] < 1
+
+
+def test_a_layer_compiled_once_is_placed_per_call_of_its_region() -> None:
+    """GPT tiny (2 layers) compiled on the CPU with ``compile_blocks: once`` and the
+    module-path line (tests/fixtures/cpu/gpt_tiny_compile_once: its record and trimmed
+    TORCH_TRACE, made by ``PROFBENCH_CAPTURE=1 TORCH_TRACE=DIR python -m workloads gpt --size
+    tiny --mode train --context 32 --batch 2 --vocab 128 --compile default --compile-blocks
+    once --device cpu --warmup 1 --steps 1``). The region was traced in the first layer, so
+    every call's nodes name ``layers.0``; call c ran layer c in forward and the last but c
+    in backward."""
+    from analysis.metrics.attribution import places_of, site_paths
+    from analysis.metrics.modules import structure_of
+    from analysis.reading.torchtrace import read_torch_trace
+
+    cpu = REPO / "tests" / "fixtures" / "cpu"
+    record = json.loads((cpu / "gpt_tiny_compile_once.json").read_text())
+    graphs = read_torch_trace(cpu / "gpt_tiny_compile_once")
+    places = places_of(graphs, structure_of(record))
+    model = [(g, row) for g, row in zip(graphs, places, strict=True) if g.function == "forward"]
+    assert [g.kind for g, _ in model] == ["forward", "backward"]
+    for graph, row in model:
+        region = [(s, p) for s, p in zip(graph.sites, row, strict=True) if s.region_call >= 0]
+        assert {s.region_call for s, _ in region} == {0, 1}
+        # as traced: the first layer's paths in both calls
+        traced = {p.split(".")[1] for s, _ in region for p in site_paths(s)
+                  if p.startswith("layers.")}
+        assert "0" in traced
+        by_call = Counter((s.region_call, p.layer) for s, p in region if p.layer)
+        first, second = ("layers.0", "layers.1")[:: -1 if graph.kind == "backward" else 1]
+        assert set(by_call) == {(0, first), (1, second)}, by_call
+        assert by_call[0, first] == by_call[1, second] > 10  # the same code in both calls
+        assert {p.sublayer for _, p in region if p.layer} >= {"attn", "ffn"}

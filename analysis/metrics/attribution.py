@@ -110,9 +110,15 @@ def common_path(paths: list[str]) -> str:
     return max(sorted(set(paths)), key=paths.count)
 
 
-def site_path(site: CallSite) -> str:
-    """The module path of a call site ("" for none)."""
-    return common_path(site_paths(site))
+def site_path(site: CallSite, structure: Structure | None = None) -> str:
+    """The module path of a call site ("" for none). Inside a nested compile region's call
+    (a layer compiled once) only the paths in a layer count: Inductor also hands the
+    region's kernels traces of the outer graph's nodes (the final norm's gradient, the LM
+    head's), which would pull them out of the layer."""
+    paths = site_paths(site)
+    if site.region_call >= 0 and structure is not None:
+        paths = [p for p in paths if structure.layer_of(p)] or paths
+    return common_path(paths)
 
 
 def places_of(graphs: list[CompiledGraph], structure: Structure | None = None
@@ -121,12 +127,33 @@ def places_of(graphs: list[CompiledGraph], structure: Structure | None = None
     structure = structure or Structure("", "")
     out = []
     for graph in graphs:
-        row = []
-        for site in graph.sites:
-            path = site_path(site)
-            row.append(Place(path, structure.layer_of(path) if path else None,
-                             structure.sublayer_of(path) if path else None))
-        out.append(row)
+        paths = _per_region_call([site_path(s, structure) for s in graph.sites], graph,
+                                 structure)
+        out.append([Place(p, structure.layer_of(p) if p else None,
+                          structure.sublayer_of(p) if p else None) for p in paths])
+    return out
+
+
+def _per_region_call(paths: list[str], graph: CompiledGraph, structure: Structure) -> list[str]:
+    """A layer compiled once (a nested compile region, ``compile_blocks: once``) was traced in
+    one layer, so its nodes name that layer in every call of the region. When the region's
+    sites all name one layer ``<stem>.<i>``, call ``c`` of ``n`` ran the layer ``c`` places
+    after it: the layers run in order in forward and last first in backward."""
+    inside = [k for k, s in enumerate(graph.sites)
+              if s.region_call >= 0 and paths[k] and structure.layer_of(paths[k])]
+    layers = {structure.layer_of(paths[k]) for k in inside}
+    if len(layers) != 1:
+        return paths
+    traced = str(layers.pop())
+    stem, _, index = traced.rpartition(".")
+    if not index.isdigit():
+        return paths
+    calls = sorted({graph.sites[k].region_call for k in inside})
+    order = {c: n for n, c in enumerate(calls[::-1] if graph.kind == "backward" else calls)}
+    out = list(paths)
+    for k in inside:
+        layer = f"{stem}.{int(index) + order[graph.sites[k].region_call]}"
+        out[k] = layer + paths[k][len(traced):]
     return out
 
 

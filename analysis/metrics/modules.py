@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.metrics.attribution import Attribution, site_path
+from analysis.metrics.attribution import Attribution
 from analysis.metrics.gpuops import GpuOps
 from analysis.metrics.modulecheck import check_module_table, children_of
 from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Ranges, _union
@@ -191,7 +191,7 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
     out = np.full(ops.size, "", dtype=object)
     if attribution is None:
         return out
-    site_paths = [[site_path(site) for site in graph.sites] for graph in attribution.graphs]
+    site_paths = [[place.path for place in row] for row in attribution.places]
     innermost = np.full(ops.size, "", dtype=object)
     for path in sorted(eager, key=lambda p: p.count(".")):  # deeper ranges overwrite
         innermost[eager[path]] = path

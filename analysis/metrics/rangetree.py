@@ -4,9 +4,10 @@ A workload that opens one range per layer names them as a family ``<stem><i>`` (
 ... ``block11``; the published H100 GPT captures have such a family): the names of one stem
 numbered 0..n-1 (or 1..n), whose ranges lie inside a phase range. They are the layers. A name
 whose ranges open, most of them, directly inside a layer's range is a sublayer (the GPT
-captures' attention and FFN ranges); what opens deeper is an op. Nothing here knows a workload's names:
-only their numbering and nesting. A model workload's layers are modules (``module:`` ranges
-and its run record's structure, analysis/metrics/modules.py), not read here.
+captures' attention and FFN ranges); what opens deeper is an op. Nothing here knows a
+workload's names: only their numbering and nesting. A model workload's layers are modules
+(``module:`` ranges and its run record's structure, analysis/metrics/modules.py), not read
+here.
 """
 
 from __future__ import annotations
