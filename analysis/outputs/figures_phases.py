@@ -179,7 +179,7 @@ def _module_layers(table: pd.DataFrame | None, clock: str) -> pd.Series:
 
 
 def _layer_number(name: str) -> tuple[int, str]:
-    """``layer_10`` and ``layers.10`` after ``layer_2`` and ``layers.2``."""
+    """``block10`` and ``layers.10`` after ``block2`` and ``layers.2``."""
     tail = re.search(r"(\d+)$", name)
     return (int(tail.group(1)) if tail else 1 << 30, name)
 
