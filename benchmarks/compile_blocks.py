@@ -149,7 +149,9 @@ def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
 
     from workloads.device import autocast, resolve_device
     from workloads.gpt import GPT, config_for
-    from workloads.steps import NESTED_REGION_OPTIONS, compile_callable, compile_regions
+    from workloads.models.builder import compile_regional
+    from workloads.models.parts import compile_once
+    from workloads.steps import NESTED_REGION_OPTIONS, compile_callable
 
     dev = resolve_device(device)
     dtype = "bf16" if dev.type == "cuda" else "fp32"
@@ -159,8 +161,9 @@ def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
         blocks = setting.split()[0]
         torch.manual_seed(0)
         with torch.device(dev):
-            model = GPT(config_for(size, n_layers=layers, context_length=256,
-                                   compile_blocks=blocks))
+            model = GPT(config_for(size, n_layers=layers, context_length=256))
+        if blocks == "once":
+            compile_once(list(model.layers))
         tokens = torch.randint(0, model.cfg.vocab_size, (2, 256),
                                generator=torch.Generator().manual_seed(1)).to(dev)
         options = NESTED_REGION_OPTIONS if setting == "once" else None
@@ -169,7 +172,7 @@ def gradient_errors(size: str, device: str, layers: int = 3) -> list[dict]:
             if not compiled:
                 fn = model
             elif blocks == "regional":
-                compile_regions(model, "default")  # in place: the model runs its regions
+                compile_regional(list(model.layers), "default")  # in place
             else:
                 fn = compile_callable(model, "default", options)
             model.zero_grad(set_to_none=True)

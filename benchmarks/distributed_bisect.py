@@ -135,14 +135,15 @@ def avg_range_hook(state, bucket):  # noqa: ANN001, ANN201
 def build_pipeline_step(args: argparse.Namespace, variant: Variant, device: torch.device
                         ) -> tuple[Callable[[], Any], Callable[[], None]]:
     """The pipeline's step (build_gpt with the run's wrapping) and its before-step mark."""
-    from workloads.steps import Speed, build_gpt
+    from workloads.models.builder import build_gpt
+    from workloads.steps import Speed
 
     run = parallel.DistributedRun(
         pipeline_args(args, variant), device, dist.get_rank(), 0, dist.get_world_size(),
         dist.get_backend(),
         log=parallel.CommLog(arrivals=parallel.Arrivals(cuda=device.type == "cuda")))
 
-    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(model: torch.nn.Module, **_: Any) -> torch.nn.Module:
         if variant.parallel == "ddp" and (variant.hook != "pipeline" or variant.bucket_view):
             return ddp(model, device, variant, args.bucket_cap_mb)
         if variant.parallel == "fsdp" and not variant.fsdp_hooks:

@@ -4,6 +4,10 @@ Each fixture is ``tests/fixtures/h100/<stem>.sqlite`` (the nsys export), ``<stem
 run record the capture wrote) and ``<stem>_torch_trace/`` (its TORCH_TRACE, trimmed:
 tests/fixtures/README-analysis.md).  Adding a capture (e.g. the 2.7B ones of the publishing
 run) is adding its stem to ``COMPILED``.
+
+These captures predate the module-path line Inductor's stack traces now carry
+(workloads/steps.py ``track_module_paths``): their call sites have no module path, so the
+analysis gives them phases, categories and call sites but no layers or sublayers.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from pathlib import Path
 
 from analysis.metrics.attribution import Attribution, attribute
 from analysis.metrics.gpuops import GpuOps, gpu_ops
+from analysis.metrics.modules import structure_of
 from analysis.metrics.phases import OpPhases, op_phases
 from analysis.reading.export import Export
-from analysis.reading.sourceregions import model_layers
 from analysis.reading.torchtrace import CompiledGraph, read_torch_trace
 
 H100 = Path(__file__).parent / "fixtures" / "h100"
@@ -27,7 +31,7 @@ COMPILED = ["compiled_small_default", "compiled_small_reduce-overhead"]
 # casts inside the compiled graphs, which Inductor moves across layers.
 AUTOCAST_WEIGHTS = ["compiled_small_fused_default", "compiled_small_fused_reduce-overhead"]
 # The same rungs with the block compiled once (compile_blocks once: a nested compile region
-# whose code every layer calls; workloads/gpt.py).
+# whose code every layer calls).
 BLOCK_ONCE = ["compiled_small_once_default", "compiled_small_once_reduce-overhead"]
 
 
@@ -37,7 +41,6 @@ class CompiledRun:
     sqlite: Path
     record: dict
     trace: Path
-    n_layers: int
     ops: GpuOps
     phases: OpPhases
     graphs: list[CompiledGraph]
@@ -51,13 +54,12 @@ def compiled_run(stem: str) -> CompiledRun:
     sqlite = H100 / f"{stem}.sqlite"
     record = json.loads((H100 / f"{stem}.json").read_text())
     trace = H100 / f"{stem}_torch_trace"
-    n_layers = model_layers(record["params"]["size"])
     ex = Export(sqlite)
     ops = gpu_ops(ex)
     phases = op_phases(ex, ops)
     graphs = read_torch_trace(trace)
-    return CompiledRun(stem, sqlite, record, trace, n_layers, ops, phases, graphs,
-                       attribute(ops, phases.phase, graphs, n_layers), ex)
+    return CompiledRun(stem, sqlite, record, trace, ops, phases, graphs,
+                       attribute(ops, phases.phase, graphs, structure_of(record)), ex)
 
 
 def query(path: Path, sql: str, *args: object) -> list[tuple]:

@@ -1,7 +1,7 @@
-"""``checkpoint: layers`` for `workload: model`: each of the structure's layers is recomputed in
-backward (workloads/models/parts.py: checkpoint_layers), with the same loss and gradients as
-without it, its recomputation read as such by the module ranges; the run key is checked by the
-schema. CPU, real torch, the CS336 example model."""
+"""``checkpoint: layers`` for `workload: model` and the GPT: each of the structure's layers is
+recomputed in backward (workloads/models/parts.py: checkpoint_layers), with the same loss and
+gradients as without it, its recomputation read as such by the module ranges; the run key is
+checked by the schema. CPU, real torch, the CS336 example model and the tiny GPT."""
 
 from __future__ import annotations
 
@@ -73,3 +73,40 @@ def test_the_run_key_is_checked() -> None:
     assert plan.runs["ck"]["checkpoint"] == "layers"
     with pytest.raises(ConfigError, match="checkpoint"):
         resolve({"runs": {"ck": {**base, "checkpoint": "blocks"}}})
+
+
+def _gpt_steps(checkpoint: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[float], list[str]]:
+    """Losses of three train steps of the tiny GPT built by the models' builder, and the range
+    names they push (a capture's module ranges on)."""
+    import workloads.module_ranges as module_ranges
+    from workloads.models.builder import CAPTURE_ENV, build_gpt
+    from workloads.steps import Speed
+
+    monkeypatch.setenv(CAPTURE_ENV, "1")
+    workload = build_gpt(size="tiny", context=16, batch=2, vocab=97, mode="train", dtype="fp32",
+                         attention="sdpa", device=torch.device("cpu"), seed=0,
+                         speed=Speed(), checkpoint=checkpoint)
+    pushed: list[str] = []
+    real_push = module_ranges.nvtx.push_range
+    module_ranges.nvtx.push_range = lambda name: (pushed.append(name), real_push(name))[1]
+    try:
+        losses = [workload.step().item() for _ in range(3)]
+    finally:
+        module_ranges.nvtx.push_range = real_push
+    assert workload.structure.layers == "layers.*" and workload.module_depth == 3
+    return losses, pushed
+
+
+def test_the_gpt_checkpoints_its_blocks_as_any_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``checkpoint: layers`` on the built-in GPT: the same losses step after step (the same
+    gradients and updates), each block's parts recomputed once per step in backward."""
+    plain, plain_pushed = _gpt_steps("none", monkeypatch)
+    losses, pushed = _gpt_steps("layers", monkeypatch)
+    assert losses == pytest.approx(plain, rel=1e-5)
+    assert losses[2] < losses[0]
+    assert pushed.count("recompute:layers.1.attn") == 3  # once in each step's backward
+    assert pushed.count("module:layers.1.attn") == plain_pushed.count("module:layers.1.attn")
+    assert not any(n.startswith("recompute:") for n in plain_pushed)
+    plan = resolve({"runs": {"ck": {"workload": "gpt", "size": "tiny", "mode": "train",
+                                    "checkpoint": "layers"}}})
+    assert plan.runs["ck"]["checkpoint"] == "layers"

@@ -1,6 +1,11 @@
 """Compiled kernels mapped to call sites and model places (analysis/metrics/attribution.py),
 on real compiled H100 captures with their TORCH_TRACE, checked against counts taken
-independently from the same export by SQL."""
+independently from the same export by SQL.
+
+These captures predate the module-path line of Inductor's stack traces: the analysis reads
+their phases, categories and call sites, and no layers or sublayers (it does not read the
+model's source). Captures made with the line have their layers from module paths
+(tests/gpu/make_compiled_gpt_fixtures.sh makes them)."""
 
 from __future__ import annotations
 
@@ -25,9 +30,11 @@ from compiled_fixtures import (
 )
 
 from analysis.metrics.attribution import ANCHOR, EXTERN, GLUE, ORDERED, UNMATCHED
+from analysis.metrics.categories import CATEGORIES
+from analysis.metrics.extras import op_categories
 from analysis.metrics.kernelmap import attribution_metrics
 from analysis.metrics.phases import PHASES, phase_table
-from analysis.reading.sourceregions import model_layers
+from workloads.structure import MODULE_PATH_LINE
 
 REPO = Path(__file__).resolve().parents[1]
 # Eager PyTorch launches through the CUDA runtime; Inductor's Triton kernels, cuBLASLt and
@@ -98,144 +105,44 @@ def test_externs_get_kernels_of_their_kind(run) -> None:
             assert re.search(r"nvjet|gemm|xmma|cutlass", name, re.I), (kernel, name)
 
 
-def test_layers_are_counted_and_numbered(any_run) -> None:
+def test_without_module_paths_no_site_has_a_place(any_run) -> None:
+    """No stack trace of these captures names a module: every call site is placed nowhere,
+    and so no layer is found (no guess from the model's source)."""
     run = any_run
-    a = run.attribution
-    assert run.n_layers == model_layers(run.record["params"]["size"]) > 0
-    assert a.layers_ok and set(a.layers_found.values()) == {run.n_layers}
-    for graph, places in zip(run.graphs, a.places, strict=True):
-        sdpa = [p for s, p in zip(graph.sites, places, strict=True) if "attention" in s.kernel]
-        if graph.kind == "forward" and sdpa:
-            assert [p.layer for p in sdpa] == list(range(run.n_layers))
-        if graph.kind == "backward" and sdpa:
-            assert [p.layer for p in sdpa] == list(range(run.n_layers))[::-1]
-        for p in sdpa:
-            assert p.path == (f"layer_{p.layer}", "attention_sublayer",
-                              "scaled_dot_product_attention")
+    marker = MODULE_PATH_LINE.split("{}")[0]
+    assert not any(marker in t for g in run.graphs for s in g.sites for t in s.stack_traces)
+    assert all(s.stack_traces for g in run.graphs for s in g.sites)  # Python frames only
+    places = [p for row in run.attribution.places for p in row]
+    assert places and all(p.path == "" and p.layer is None and p.sublayer is None
+                          for p in places)
 
 
-def test_a_recomputed_op_ahead_of_the_backward_joins_its_layer() -> None:
-    """32 layers (2.7B's count; a CPU compile, tests/fixtures/cpu/make_gpt_32layers_trace.py):
-    the backward graph starts with the last layer's attention forward, recomputed ahead of
-    the loss head's gradient. Counted alone it made 33 layers and the run lost its layer rows;
-    it belongs to the layer the backward starts with."""
-    from analysis.metrics.attribution import places_of
-    from analysis.reading.torchtrace import read_torch_trace
-
-    graphs = read_torch_trace(REPO / "tests/fixtures/cpu/gpt_32layers_bf16_compile_torch_trace")
-    places, found, ok, _ = places_of(graphs, 32)
-    assert ok and set(found.values()) == {32}
-    backward = next(i for i, g in enumerate(graphs) if g.kind == "backward" and found.get(i))
-    graph, row = graphs[backward], places[backward]
-    attention = [(s.kernel, p.layer) for s, p in zip(graph.sites, row, strict=True)
-                 if "attention" in s.kernel]
-    assert attention[0][0].startswith("cpp_fused__scaled_dot_product_flash_attention")
-    assert attention[0][1] == 31  # the recompute: the last layer, whose backward comes first
-    assert [layer for _, layer in attention[1:]] == list(range(31, -1, -1))
-    forward = next(i for i, g in enumerate(graphs) if g.kind == "forward" and found.get(i))
-    assert [p.layer for s, p in zip(graphs[forward].sites, places[forward], strict=True)
-            if "attention" in s.kernel] == list(range(32))
-
-
-def test_a_backward_scheduled_by_kind_is_split_by_node_order() -> None:
-    """GPT 2.7B bf16 under autocast, compiled, on the H100 (the published compile rung's
-    trimmed TORCH_TRACE): Inductor runs the input-gradient chain of all 32 layers, then
-    every layer's weight-gradient GEMMs, norm-weight reductions and gradient casts grouped
-    by kind. Launch order cannot split that tail; the FX node numbers can."""
-    from analysis.metrics.attribution import (
-        LAUNCH_ORDER,
-        NODE_ORDER,
-        count_layers,
-        graph_places,
-        places_of,
-        unanimous,
-    )
-    from analysis.metrics.nodeorder import node_key
-    from analysis.reading.torchtrace import read_torch_trace
-
-    graphs = read_torch_trace(REPO / "tests/fixtures/h100/gpt_train_2.7B_compile_torch_trace")
-    places, found, ok, counted_by = places_of(graphs, 32)
-    assert ok and set(found.values()) == {32}
-    backward = max((i for i, g in enumerate(graphs) if g.kind == "backward"),
-                   key=lambda i: len(graphs[i].sites))
-    assert counted_by[backward] == NODE_ORDER
-    assert {how for i, how in counted_by.items() if i != backward} == {LAUNCH_ORDER}
-    graph, row = graphs[backward], places[backward]
-    paths, _, _ = graph_places(graph)
-    in_order = count_layers(graph, paths, [unanimous(s.stack_traces) for s in graph.sites])
-    assert max(c for c in in_order if c is not None) + 1 != 32  # launch order fails here
-
-    # Each attention backward lands in the layer its own node number names (made last first).
-    for site, place in zip(graph.sites, row, strict=True):
-        names = [n for n in site.source_nodes if "attention_backward" in n]
-        if names:
-            assert place.layer == 31 - node_key(names[0])[1], site.source_nodes
-    # The input-gradient chain (launched layer by layer) keeps the layers launch order gives.
-    chain_end = next(i for i, p in enumerate(paths) if p and p[0].name == "final_norm")
-    for i in range(chain_end):
-        if in_order[i] is not None and row[i].layer is not None:
-            assert row[i].layer == 31 - in_order[i], (i, graph.sites[i].kernel)
-    # Every layer but the first gets the same calls: the same block, 32 times.
-    calls: dict[int, Counter] = {}
-    for site, place in zip(graph.sites, row, strict=True):
-        if place.layer is not None:
-            calls.setdefault(place.layer, Counter())[(site.kernel, place.sublayer)] += 1
-    assert sorted(calls) == list(range(32))
-    assert all(calls[layer] == calls[1] for layer in range(2, 32))
-    assert sum(calls[1].values()) == 32 and sum(calls[0].values()) == 31  # + embedding's grad
-    # e.g. the deferred casts of the weight gradients to fp32 (one node each), launched
-    # together after the chain: per layer, its 4 attention and 3 FFN weights
-    casts = Counter((p.layer, p.sublayer) for s, p in zip(graph.sites, row, strict=True)
-                    if p.layer is not None and len(s.source_nodes) == 1
-                    and s.source_nodes[0].startswith("convert_element_type"))
-    assert casts == {(layer, sub): n for layer in range(32)
-                     for sub, n in (("attention_sublayer", 4), ("ffn_sublayer", 3))}
-
-
-def test_known_sites_sit_where_the_model_code_is(run) -> None:
-    for graph, places in zip(run.graphs, run.attribution.places, strict=True):
-        for site, place in zip(graph.sites, places, strict=True):
-            if graph.function in ("loss", "_adamw_segment"):
-                assert place.path == ()  # no NVTX range around the loss or the optimizer
-            elif site.kernel.startswith("triton_poi_fused__to_copy__unsafe_view_add_mul_slice"):
-                assert place.region == "rope encoding"  # the RoPE forward kernel
-            elif "silu" in site.kernel:
-                assert place.sublayer == "ffn_sublayer"
-    forward = next(g for g in run.graphs if g.kind == "forward" and g.function == "forward")
-    places = run.attribution.places[run.graphs.index(forward)]
-    assert places[-1].path == ("lm_head",)  # the last launch: the LM head's GEMM
-    gemms = [p.region for s, p in zip(forward.sites, places, strict=True)
-             if s.kernel == "extern_kernels.mm"]
-    assert gemms[:3] == ["attention projections"] * 3  # q, k, v
-
-
-def test_layers_and_sublayers_cover_forward_and_backward(any_run) -> None:
+def test_phases_and_categories_without_layers(any_run) -> None:
     run = any_run
-    rows = {r["Range"]: r for r in phase_table(run.export, run.ops, run.phases,
-                                               run.attribution)}
+    rows = {r["Range"]: r for r in phase_table(run.export, run.ops, run.phases)}
     fwd_bwd = sql_phase_ns(run.sqlite, "forward_pass", "backward_pass")
     assert rows["forward_pass"]["GPU Time (ns)"] + rows["backward_pass"]["GPU Time (ns)"] \
         == fwd_bwd
-    layers = [rows[f"layer_{i}"] for i in range(run.n_layers)]
-    assert all(r["Basis"] == "provenance" and r["Kind"] == "layer" for r in layers)
-    assert all(r["Phases"] == "forward_pass+backward_pass" for r in layers)
-    layer_ns = [int(r["GPU Time (ns)"]) for r in layers]
-    assert sum(layer_ns) >= 0.9 * fwd_bwd
-    assert max(layer_ns) <= 1.2 * min(layer_ns)  # the same block, n_layers times
-    sublayers = rows["attention_sublayer"]["GPU Time (ns)"] + rows["ffn_sublayer"]["GPU Time (ns)"]
-    assert sublayers == sum(layer_ns)  # every layer op sits in one of the two sublayers
-    steps = _steps(run.sqlite)
-    assert rows["attention_sublayer"]["Instances"] == 2 * run.n_layers * steps  # fwd + bwd
+    assert not {r["Kind"] for r in rows.values()} & {"layer", "sublayer", "module"}
+    assert all(r["Basis"] in ("nvtx range", "") for r in rows.values())
+    # categories: every GEMM and attention kernel by SQL lands in its category
+    category = op_categories(run.ops, run.phases, run.attribution)
+    names = np.array(run.ops.names)[run.ops.name_code]
+    for cat, pattern in (("GEMM", r"nvjet|gemm|xmma|cutlass"),
+                         ("Attention", r"cudnn|sdpa|dot_do_o|convert_dq|flash|fmha")):
+        by_sql = sum(d for d, n, _, _ in sql_ops(run.sqlite) if re.search(pattern, n, re.I))
+        mine = np.array([bool(re.search(pattern, n, re.I)) for n in names])
+        assert by_sql > 0 and int(run.ops.dur[mine].sum()) == by_sql
+        assert (np.array(CATEGORIES)[category[mine]] == cat).mean() > 0.9, cat
     metrics = attribution_metrics(run.ops, run.phases, run.attribution, list(rows.values()))
-    assert metrics["kernel_map"] == "ok" and metrics["kernel_map_layers"] == run.n_layers
-    assert metrics["kernel_map_layer_order"] == "launch order"
-    assert metrics["layer_share_fwd_bwd"] == pytest.approx(sum(layer_ns) / fwd_bwd)
-    assert metrics["placed_share_fwd_bwd"] >= 0.95
-    assert metrics["unattributed_share_fwd_bwd"] == pytest.approx(
-        1 - metrics["placed_share_fwd_bwd"])
+    assert metrics["kernel_map"] == "ok" and metrics["kernel_map_layers"] is None
+    assert metrics["layer_share_fwd_bwd"] is None
+    assert metrics["compiled_share_fwd_bwd"] >= 0.95
+    assert metrics["placed_share_fwd_bwd"] == 0.0
+    assert metrics["unattributed_share_fwd_bwd"] == pytest.approx(1.0)
 
 
-def test_cli_writes_the_kernel_map_and_layer_rows(run, tmp_path: Path) -> None:
+def test_cli_writes_the_kernel_map_and_no_layer_rows(run, tmp_path: Path) -> None:
     out = tmp_path / "stats"
     subprocess.run(
         [sys.executable, "-m", "analysis", "all", str(run.sqlite), "-o", str(out),
@@ -251,11 +158,13 @@ def test_cli_writes_the_kernel_map_and_layer_rows(run, tmp_path: Path) -> None:
     adamw = kmap[kmap["Function"] == "_adamw_segment"]
     compiled_optimizer = run.record["params"]["optimizer"] == "adamw_master"
     assert set(adamw["Category"]) == ({"Optimizer"} if compiled_optimizer else set())
+    assert kmap["Place"].isna().all() and kmap["Layer"].isna().all()
+    assert kmap["Source"].str.contains(r"\.py:\d+$").all()  # the innermost frame's line
     phases = pd.read_csv(out / "phase_gpu_time.csv")
-    layer_rows = phases[phases["Kind"] == "layer"]
-    assert len(layer_rows) == run.n_layers and set(layer_rows["Basis"]) == {"provenance"}
+    assert not set(phases["Kind"]) & {"layer", "sublayer"}
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["kernel_map"] == "ok" and metrics["layer_share_fwd_bwd"] >= 0.9
+    assert metrics["kernel_map"] == "ok" and metrics["layer_share_fwd_bwd"] is None
+    assert pd.read_csv(out / "module_table.csv").empty
 
 
 def test_a_trace_without_provenance_gives_no_kernel_map(run, tmp_path: Path) -> None:
@@ -350,14 +259,16 @@ def test_graph_node_counts_split_a_replay_into_phases(stem: str, make_counts) ->
     assert (unsplit.phase == op_phases(run.export, run.ops).phase).all()
 
 
-def test_phase_figure_shows_compiled_layers_and_sublayers(tmp_path: Path) -> None:
-    """Eager and compiled runs side by side: the compiled one's layers and sublayers come
-    from provenance and cover forward and backward."""
+def test_phase_figure_shows_the_eager_layers_and_no_compiled_ones(tmp_path: Path) -> None:
+    """Eager and compiled runs side by side: the eager capture's numbered layer ranges and
+    the ranges inside them are its layers and sublayers (forward launches); the compiled
+    capture, without module paths, has none."""
     from analysis.outputs.figures import (
         SUBLAYER_BASIS,
         layer_frame,
         phase_frame,
         plot_phase_gpu_time,
+        sublayer_names,
     )
 
     results = tmp_path / "results"
@@ -370,21 +281,18 @@ def test_phase_figure_shows_compiled_layers_and_sublayers(tmp_path: Path) -> Non
                         str(results / run / "stats"), *extra], cwd=REPO, check=True)
     phases, parts = phase_frame(results, list(runs))
     assert list(phases.index) == list(runs)
+    assert list(parts.index) == ["eager_bf16"]
     assert parts.loc["eager_bf16", SUBLAYER_BASIS] == "fwd"
-    assert parts.loc["compiled", SUBLAYER_BASIS] == "fwd+bwd, provenance"
-    compiled = compiled_run("compiled_small_default")
-    rows = {r["Range"]: r for r in phase_table(compiled.export, compiled.ops, compiled.phases,
-                                               compiled.attribution)}
-    assert parts.loc["compiled", "ffn_sublayer"] == pytest.approx(
-        rows["ffn_sublayer"]["Share of Step"], rel=1e-5)
+    assert set(sublayer_names(parts)) == {"attention_sublayer", "ffn_sublayer"}
     layers = layer_frame(results, list(runs))
-    assert list(layers.index) == list(runs)
+    assert list(layers.index) == ["eager_bf16"]
     assert list(layers.columns) == [*range(12), SUBLAYER_BASIS]
-    assert layers.loc["compiled", SUBLAYER_BASIS] == "fwd+bwd, provenance"
-    assert [layers.loc["compiled", i] for i in range(12)] == pytest.approx(
-        [rows[f"layer_{i}"]["GPU ms/step"] for i in range(12)], rel=1e-5)
     import pandas as pd
 
+    table = pd.read_csv(results / "eager_bf16" / "stats" / "phase_gpu_time.csv")
+    ms = dict(zip(table["Range"], table["GPU ms/step"], strict=True))
+    assert [layers.loc["eager_bf16", i] for i in range(12)] == pytest.approx(
+        [ms[f"layer_{i}"] for i in range(12)], rel=1e-5)
     png = plot_phase_gpu_time(pd.DataFrame({"run": list(runs)}), results, tmp_path / "p.png")
     assert png.read_bytes().startswith(b"\x89PNG")
 
@@ -399,14 +307,45 @@ def test_kernels_of_a_graph_missing_from_the_trace_stay_unmatched(run) -> None:
 
     missing = next(g for g in run.graphs if g.function == "loss" and g.kind == "forward")
     graphs = [g for g in run.graphs if g is not missing]
-    a = attribute(run.ops, run.phases.phase, graphs, run.n_layers)
+    a = attribute(run.ops, run.phases.phase, graphs)
     lost = np.isin(np.array(run.ops.names)[run.ops.name_code], missing.triton_names)
     steps = _steps(run.sqlite)
     assert int(lost.sum()) == len(missing.triton_names) * steps
     assert (a.op_status[lost] == UNMATCHED).all()
     assert int((a.op_status == ANCHOR).sum()) == int((run.attribution.op_status == ANCHOR).sum()
                                                      ) - int(lost.sum())
-    rows = phase_table(run.export, run.ops, run.phases, a)
+    rows = phase_table(run.export, run.ops, run.phases)
     metrics = attribution_metrics(run.ops, run.phases, a, rows)
     assert metrics["kernel_map"] == "partial" and metrics["triton_matched_share"] < 1
-    assert a.layers_ok
+
+
+def test_a_layer_compiled_once_is_placed_per_call_of_its_region() -> None:
+    """GPT tiny (2 layers) compiled on the CPU with ``compile_blocks: once`` and the
+    module-path line (tests/fixtures/cpu/gpt_tiny_compile_once: its record and trimmed
+    TORCH_TRACE, made by ``PROFBENCH_CAPTURE=1 TORCH_TRACE=DIR python -m workloads gpt --size
+    tiny --mode train --context 32 --batch 2 --vocab 128 --compile default --compile-blocks
+    once --device cpu --warmup 1 --steps 1``). The region was traced in the first layer, so
+    every call's nodes name ``layers.0``; call c ran layer c in forward and the last but c
+    in backward."""
+    from analysis.metrics.attribution import places_of, site_paths
+    from analysis.metrics.modules import structure_of
+    from analysis.reading.torchtrace import read_torch_trace
+
+    cpu = REPO / "tests" / "fixtures" / "cpu"
+    record = json.loads((cpu / "gpt_tiny_compile_once.json").read_text())
+    graphs = read_torch_trace(cpu / "gpt_tiny_compile_once")
+    places = places_of(graphs, structure_of(record))
+    model = [(g, row) for g, row in zip(graphs, places, strict=True) if g.function == "forward"]
+    assert [g.kind for g, _ in model] == ["forward", "backward"]
+    for graph, row in model:
+        region = [(s, p) for s, p in zip(graph.sites, row, strict=True) if s.region_call >= 0]
+        assert {s.region_call for s, _ in region} == {0, 1}
+        # as traced: the first layer's paths in both calls
+        traced = {p.split(".")[1] for s, _ in region for p in site_paths(s)
+                  if p.startswith("layers.")}
+        assert "0" in traced
+        by_call = Counter((s.region_call, p.layer) for s, p in region if p.layer)
+        first, second = ("layers.0", "layers.1")[:: -1 if graph.kind == "backward" else 1]
+        assert set(by_call) == {(0, first), (1, second)}, by_call
+        assert by_call[0, first] == by_call[1, second] > 10  # the same code in both calls
+        assert {p.sublayer for _, p in region if p.layer} >= {"attn", "ffn"}

@@ -8,8 +8,9 @@ import torch
 
 from workloads import flops
 from workloads.gpt import GPT, SIZES, RotaryEmbedding, config_for, count_parameters
+from workloads.models.builder import build_gpt
 from workloads.runner import run_steps
-from workloads.steps import Speed, Workload, build_gpt
+from workloads.steps import Speed, Workload
 
 CPU = torch.device("cpu")
 

@@ -31,8 +31,8 @@ from analysis.reading.export import Export
 from pipeline.config import ConfigError, resolve, run_schemas, workload_args
 from workloads import flops
 from workloads.gpt import GPT, config_for
+from workloads.models.builder import count_step_flops
 from workloads.module_ranges import ModuleRanges
-from workloads.steps import count_step_flops
 
 FIXTURES = REPO / "tests" / "fixtures" / "h100" / "models"
 MODELS_SMOKE = REPO / "tests" / "models_smoke.yaml"

@@ -8,7 +8,8 @@ from torch import nn
 
 from workloads.flops import peak_memory_gbps
 from workloads.gpt import GPT, config_for
-from workloads.steps import Speed, build_gpt
+from workloads.models.builder import build_gpt
+from workloads.steps import Speed
 
 CPU = torch.device("cpu")
 

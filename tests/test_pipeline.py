@@ -205,8 +205,8 @@ def test_overview_answers_first(smoke_workdir: Path) -> None:
 
 
 def test_train_run_nvtx_counts_match_steps_and_layers(smoke_workdir: Path) -> None:
-    """Acceptance: phases once per measured step, sublayers once per layer and step, and
-    no warm-up inside the capture."""
+    """Acceptance: phases once per measured step, the layers' and their parts' module ranges
+    once per step in forward and once in backward, and no warm-up inside the capture."""
     nvtx = pd.read_csv(results(smoke_workdir) / "gpt_tiny_train_fp32" / "stats" / "nvtx_sum.csv")
     counts = dict(zip(nvtx["Range"].str.lstrip(":"), nvtx["Instances"], strict=False))
     steps = SMOKE["defaults"]["steps"]
@@ -217,14 +217,15 @@ def test_train_run_nvtx_counts_match_steps_and_layers(smoke_workdir: Path) -> No
         "loss_computation",
         "backward_pass",
         "optimizer_step",
-        "layer_0",
-        "layer_1",
         "final_norm",
         "lm_head",
     ]:
         assert counts.get(name) == steps, (name, counts.get(name))
-    assert counts["attention_sublayer"] == steps * layers
-    assert counts["ffn_sublayer"] == steps * layers
+    # forward (pushed on the main thread) and backward (autograd's thread, ":"-prefixed)
+    instances = nvtx.groupby(nvtx["Range"].str.lstrip(":"))["Instances"].sum()
+    for i in range(layers):
+        for part in ("", ".ln1", ".attn", ".ln2", ".ffn"):
+            assert instances[f"module:layers.{i}{part}"] == 2 * steps, (i, part)
     assert "warmup" not in counts
     times = json.loads((results(smoke_workdir) / "gpt_tiny_train_fp32" / "times.json").read_text())
     assert len(times["step_times_ms"]) == steps
@@ -301,7 +302,7 @@ def test_diff_of_an_eager_and_a_compiled_rung_never_reads_a_missing_range_as_zer
     runs = find_runs(results(smoke_workdir))
     explained = explain_run(runs["ladder_tiny_3_sdpa"], runs["ladder_tiny_4_compile"], -1.0)
     ranges = explained.ranges.set_index("key")
-    layer = ranges.loc["layer_0"]
+    layer = ranges.loc["module:layers.0"]
     assert layer["comparable"] == ("not comparable (no such range in new: compiled code has "
                                    "no NVTX ranges inside its graphs)")
     assert layer["old_ms_per_step"] > 0 and pd.isna(layer["new_ms_per_step"])
@@ -310,8 +311,8 @@ def test_diff_of_an_eager_and_a_compiled_rung_never_reads_a_missing_range_as_zer
     assert ranges.loc["forward_pass", "new_ms_per_step"] > 0
     assert top_range(explained.ranges) not in ranges.index[ranges["comparable"] != ""]
     table = "\n".join(part_md("Top NVTX ranges", explained.ranges, 50, "range"))
-    assert "| layer_0 | " in table and "-100%" not in table
-    assert re.search(r"\| layer_0 \| [\d.]+ \| – \| not comparable \(", table), table
+    assert "| module:layers.0 | " in table and "-100%" not in table
+    assert re.search(r"\| module:layers.0 \| [\d.]+ \| – \| not comparable \(", table), table
 
 
 def test_lint_finds_nothing(tmp_path: Path) -> None:

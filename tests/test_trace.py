@@ -180,14 +180,15 @@ def test_trace_has_the_exports_kernels_per_stream(tmp_path: Path, case: str) -> 
 
 def test_cuda_graph_node_kernels_are_in_the_trace(tmp_path: Path) -> None:
     """The reduce-overhead capture replays CUDA graphs (--cuda-graph-trace=node): their
-    kernels are slices of their own, with their graph node and place in the model."""
+    kernels are slices of their own, with their graph node and phase. The capture predates
+    the module-path line of compiled code's stack traces: its kernels have no layer."""
     parsed = parse(_write(tmp_path, "cuda_graphs"))
     export = CASES["cuda_graphs"][0][0]
     nodes = [args for rows in parsed["slices"].values() for *_, args in rows
              if "graph node" in args]
     lo, hi = sql_window(export)
     assert len(nodes) == sql_count(export, GRAPH_NODES, lo, hi) > 1000
-    assert {a.get("layer") for a in nodes} >= {f"layer_{i}" for i in range(12)}
+    assert {a.get("layer") for a in nodes} == {None}
     assert {a.get("phase") for a in nodes} >= {"forward_pass", "backward_pass"}
 
 

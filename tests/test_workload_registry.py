@@ -21,7 +21,7 @@ from pipeline.config import ConfigError
 from workloads import models, optim, parallel, steps
 from workloads.__main__ import build_parser, hashed_params, record_params
 from workloads.attention import IMPLS
-from workloads.gpt import COMPILE_BLOCKS, SIZES
+from workloads.gpt import SIZES
 from workloads.provenance import config_hash
 
 BUILT_IN = {"attention", "attention_core", "gpt", "sleep", "model"}
@@ -169,7 +169,7 @@ def test_option_choices_are_those_the_workloads_implement() -> None:
     assert choices("gpt", "size") == tuple(SIZES)
     assert choices("gpt", "optimizer") == choices("model", "optimizer") == optim.OPTIMIZERS
     assert choices("gpt", "parallel") == parallel.PARALLEL_MODES
-    assert choices("gpt", "compile_blocks") == COMPILE_BLOCKS
+    assert choices("gpt", "compile_blocks") == choices("model", "compile_blocks")
     gpt = models.registry()["gpt"]
     assert gpt.LAYERS == {size: dims["n_layers"] for size, dims in SIZES.items()}
 

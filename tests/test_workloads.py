@@ -271,7 +271,8 @@ def profile_nvtx(nsys: str, tmp_path: Path, *workload_args: str) -> list[tuple[s
     cmd = [nsys, *nsys_args.split(), "-o", str(report), sys.executable, "-m"]
     cmd += ["workloads", *workload_args, "--device", "cpu"]
     # TMPDIR: nsys' session state of this capture alone (tests/conftest.py private_tmpdir)
-    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0", "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0", "TMPDIR": str(tmp_path),
+           "PROFBENCH_CAPTURE": "1"}  # as rules/profile.smk: a model's module ranges on
     guarded_capture([sys.executable], cmd, tmp_path / "capture.json",
                     report.with_suffix(".sqlite"), cwd=REPO, env=env)
     with closing(sqlite3.connect(report.with_suffix(".sqlite"))) as db:
@@ -303,10 +304,9 @@ def test_gpt_train_nvtx_ranges_under_nsys(nsys: str, tmp_path: Path) -> None:
         "token_embeddings",
         "final_norm",
         "lm_head",
-    ] + [f"layer_{i}" for i in range(layers)]
+    ]
+    # the GPT's layers and their parts are module ranges as any model's, forward and backward
     per_layer = [
-        "attention_sublayer",
-        "ffn_sublayer",
         "attention projections",
         "rope encoding",
         "scaled_dot_product_attention",
@@ -319,6 +319,10 @@ def test_gpt_train_nvtx_ranges_under_nsys(nsys: str, tmp_path: Path) -> None:
     assert counts["profiled_region"] == 1
     assert {name: counts[name] for name in per_step} == dict.fromkeys(per_step, steps)
     assert {name: counts[name] for name in per_layer} == dict.fromkeys(per_layer, steps * layers)
+    modules = [f"module:layers.{i}{part}" for i in range(layers)
+               for part in ("", ".ln1", ".attn", ".ln2", ".ffn")]
+    assert {name: counts[name] for name in modules} == dict.fromkeys(modules, 2 * steps)
+    assert not any(name.startswith("layer_") or name.endswith("_sublayer") for name in counts)
     assert counts["warmup"] == 0  # warm-up happens before the capture range
     assert_nested(rows, "profiled_step", "profiled_region")
     for phase in ("forward_pass", "loss_computation", "backward_pass", "optimizer_step"):

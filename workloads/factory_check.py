@@ -15,7 +15,7 @@ The factory is not called here. In Snakemake's own process a call may initialize
 every timing job would see it as another process on its GPU), download weights or take
 minutes; a time limit cannot stop C code in-process, and a subprocess pays the torch import
 again. What only a call finds (a return value the source does not spell out) stays the
-run-time check (workloads/steps.py ``model_parts``): an ``error`` row naming it.
+run-time check (workloads/models/builder.py ``model_parts``): an ``error`` row naming it.
 """
 
 from __future__ import annotations

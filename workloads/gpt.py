@@ -2,6 +2,11 @@
 
 Token embedding -> n_layers pre-norm blocks (RMSNorm, causal multi-head attention with RoPE,
 SwiGLU FFN) -> final RMSNorm -> LM head. No biases, untied embeddings.
+
+Its layers are ``layers.0``, ``layers.1``, ... and their parts ``ln1``, ``attn``, ``ln2`` and
+``ffn``: a capture's module ranges (workloads/module_ranges.py) name them as any model's.
+torch.compile's block variants (``compile_blocks``) and activation checkpointing are applied
+by the step builder (workloads/models/builder.py), as to any model.
 """
 
 from dataclasses import dataclass, replace
@@ -12,8 +17,6 @@ from torch import nn
 
 from workloads.attention import IMPLS, attention_core
 from workloads.nvtx_ranges import rng
-
-COMPILE_BLOCKS = ("each", "once", "regional")
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,6 @@ class GPTConfig:
     n_heads: int = 12
     rope_theta: float = 10_000.0
     attention: str = "sdpa"  # "naive" or "sdpa"
-    # "each": torch.compile traces every layer into one flat graph; "once": it compiles one
-    # block and reuses it in every layer (BlockCompiledOnce), but Dynamo still traces every
-    # layer; "regional": each layer's block is compiled on its own and the layer loop stays
-    # eager (workloads/steps.py: compile_regions), so Dynamo traces one block. Eager runs are
-    # the same either way.
-    compile_blocks: str = "each"
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -40,9 +37,6 @@ class GPTConfig:
             raise ValueError("RoPE needs an even head dimension")
         if self.attention not in IMPLS:
             raise ValueError(f"unknown attention {self.attention!r}; expected one of {IMPLS}")
-        if self.compile_blocks not in COMPILE_BLOCKS:
-            raise ValueError(f"unknown compile_blocks {self.compile_blocks!r}; "
-                             f"expected one of {COMPILE_BLOCKS}")
 
 
 # d_model / d_ff / n_layers / n_heads of the CS336 model sizes, plus `tiny` for CPU tests.
@@ -150,18 +144,8 @@ class Block(nn.Module):
         self.ffn = SwiGLU(cfg.d_model, cfg.d_ff)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with rng("attention_sublayer"):
-            x = x + self.attn(self.ln1(x))
-        with rng("ffn_sublayer"):
-            return x + self.ffn(self.ln2(x))
-
-
-class BlockCompiledOnce(Block):
-    """A :class:`Block` whose forward is a nested compile region: torch.compile traces and
-    compiles it in the first layer and reuses that code in every later one (hierarchical
-    compilation), so 32 layers compile about as fast as one. Eager, it is a :class:`Block`."""
-
-    forward = torch.compiler.nested_compile_region(Block.forward)
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
 
 
 class GPT(nn.Module):
@@ -170,13 +154,10 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.token_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         rope = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.context_length, cfg.rope_theta)
-        block = BlockCompiledOnce if cfg.compile_blocks == "once" else Block
-        self.layers = nn.ModuleList(block(cfg, rope) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, rope) for _ in range(cfg.n_layers))
         self.ln_final = RMSNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(_init_weights)
-        # Precomputed once: an f-string per layer per step would be wasted work.
-        self._layer_ranges = [f"layer_{i}" for i in range(cfg.n_layers)]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: (batch, seq) int64 -> logits (batch, seq, vocab)."""
@@ -184,9 +165,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence {tokens.size(-1)} > context {self.cfg.context_length}")
         with rng("token_embeddings"):
             x = self.token_embeddings(tokens)
-        for name, block in zip(self._layer_ranges, self.layers, strict=True):
-            with rng(name):
-                x = block(x)
+        for block in self.layers:
+            x = block(x)
         with rng("final_norm"):
             x = self.ln_final(x)
         with rng("lm_head"):

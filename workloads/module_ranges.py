@@ -38,7 +38,7 @@ import nvtx
 import torch
 from torch import nn
 
-from workloads.models.parts import MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
+from workloads.structure import MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
 
 
 def recomputing() -> bool:

@@ -358,7 +358,7 @@ class DistributedRun:
             return ddp
         from torch.distributed.fsdp import fully_shard
 
-        from workloads.models.parts import Structure
+        from workloads.structure import Structure
 
         reshard = self.args.reshard_after_forward
         shards = [fully_shard(layer, reshard_after_forward=reshard)

@@ -3,15 +3,14 @@
 Input: the capture's GPU ops (analysis/metrics/gpuops.py) and the compiled graphs of the
 same process read from its TORCH_TRACE (analysis/reading/torchtrace.py).
 
-1. **Where each call site sits** (:func:`graph_places`): the stack traces of a call site
-   give the ``with rng("<name>")`` blocks around their source lines
-   (analysis/reading/sourceregions.py); a fused kernel whose traces disagree goes where most
-   of them are, level by level.  The layer index is not in the traces (one loop line
-   ``x = block(x)``): it is counted in launch order from the GEMM and attention calls, a
-   new layer starting where their sublayer goes back (forward: ffn -> attention; backward,
-   which runs the layers last to first: attention -> ffn); the kernels Inductor moves
-   between them join their neighbours' layer.  A run whose graphs do not all show
-   ``n_layers`` layers keeps its sublayers but loses its layer indices.
+1. **Where each call site sits** (:func:`places_of`): the module path Inductor recorded
+   for the nodes fused into it (the stack-trace line workloads/steps.py
+   ``track_module_paths`` adds; a kernel fusing nodes of several modules goes to their
+   deepest common module, or to the one most of them name when only the root holds them
+   all; an extern kernel, a cuDNN convolution's backward, to the nodes of its own op, not
+   those fused into its inputs), and its layer and sublayer by the run's structure (the
+   record's globs, workloads/structure.py). Code traced without that line (a capture made
+   before it existed) has no place.
 2. **Which ops a call site launched** (:func:`align`): the ops of each process in launch
    order (correlationId; by start time inside one CUDA-graph replay).  Triton kernels are
    the anchors: a run of consecutive Triton kernels, launched by one thread, that equals a
@@ -30,32 +29,32 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 
 from analysis.metrics.gpuops import KERNEL, GpuOps
-from analysis.metrics.nodeorder import gemm_anchors, place_by_votes
-from analysis.reading.sourceregions import INDEXED, Region, trace_regions
 from analysis.reading.torchtrace import TRITON_PREFIX, CallSite, CompiledGraph
+from workloads.structure import MODULE_PATH_LINE, NODE_OP_LINE, Structure
 
 # per-op status
 UNMATCHED, ANCHOR, EXTERN, ORDERED, GLUE = range(5)
 STATUS_NAMES = ("unmatched", "triton", "extern", "extern (in order)", "glue")
-LAYER = "layer_{}"  # the name the eager run gives layer i (workloads/gpt.py)
-# how a graph's layers were counted (graph_places)
-LAUNCH_ORDER, NODE_ORDER = "launch order", "FX node order"
+# the lines workloads/steps.py adds to a compiled node's stack trace, their value captured
+_MODULE_LINE = re.compile(re.escape(MODULE_PATH_LINE).replace(re.escape("{}"), r"([^\]]*)"))
+_OP_LINE = re.compile(re.escape(NODE_OP_LINE).replace(re.escape("{}"), r"([^\]]*)"))
 
 
 @dataclass(frozen=True)
 class Place:
-    """Where a call site sits in the model."""
+    """Where a call site sits in the model: its module path ("" for none, relative to the
+    eager module range it is called in when a layer is compiled on its own) and that path's
+    layer and sublayer by the run's structure."""
 
-    path: tuple[str, ...]  # range names outermost first, e.g. layer_3 > attention_sublayer
-    layer: int | None
-    sublayer: str | None
-    region: str | None  # innermost named range
+    path: str
+    layer: str | None = None
+    sublayer: str | None = None
 
 
 @dataclass
@@ -66,11 +65,6 @@ class Attribution:
     op_site: np.ndarray  # per op: site index in its graph, -1
     op_invocation: np.ndarray  # per op: invocation number, -1
     op_status: np.ndarray  # per op: UNMATCHED / ANCHOR / EXTERN / ORDERED / GLUE
-    n_layers: int | None  # expected (from the run's size), None when unknown
-    layers_found: dict[int, int] = field(default_factory=dict)  # graph position -> layers
-    layers_ok: bool = False
-    # graph position -> how its layers were counted (LAUNCH_ORDER or NODE_ORDER)
-    layers_counted_by: dict[int, str] = field(default_factory=dict)
 
     def place(self, op: int) -> Place | None:
         g = int(self.op_graph[op])
@@ -78,198 +72,89 @@ class Attribution:
 
 
 # -- 1. places --------------------------------------------------------------------------------
-@cache
-def _regions(trace: str) -> tuple[Region, ...]:
-    return trace_regions(trace)
+def site_paths(site: CallSite) -> list[str]:
+    """The module paths of the nodes a call site ran. An extern kernel's provenance also holds
+    the nodes Inductor fused into its inputs (a convolution's backward gets its batch norm's
+    backward nodes, many against its one): only its own op's nodes count, where their traces
+    name ops (workloads/steps.py adds the line)."""
+    traces = site.stack_traces
+    if not site.is_triton:
+        op = _extern_op(site.kernel)
+        own = tuple(t for t in traces if any(_extern_op(m.group(1)) == op
+                                             for m in _OP_LINE.finditer(t)))
+        traces = own or traces
+    return [m.group(1) for t in traces for m in _MODULE_LINE.finditer(t)]
 
 
-def majority_path(traces: tuple[str, ...]) -> tuple[Region, ...]:
-    """The range path most of the traces share, chosen level by level (outermost first);
-    it stops where more traces end than continue into any one range."""
-    candidates = [_regions(t) for t in traces]
-    chosen: list[Region] = []
-    level = 0
-    while candidates:
-        heads = Counter(p[level] for p in candidates if len(p) > level)
-        if not heads:
+def _extern_op(name: str) -> str:
+    """``torch.ops.aten.convolution_backward.default``, ``aten.convolution_backward.default``
+    and ``extern_kernels.convolution_backward`` -> ``convolution_backward``."""
+    parts = [p for p in name.split(".") if p not in ("default", "out", "Tensor")]
+    return parts[-1] if parts else name
+
+
+def common_path(paths: list[str]) -> str:
+    """The deepest module holding every path; when only the root holds them all (a kernel
+    fusing the end of one top-level module with the start of the next, or a weight tied
+    between two), the path most of them name."""
+    if not paths:
+        return ""
+    split = [p.split(".") for p in set(paths)]
+    common = []
+    for parts in zip(*split, strict=False):
+        if len(set(parts)) != 1:
             break
-        top, count = heads.most_common(1)[0]
-        if sum(1 for p in candidates if len(p) <= level) > count:
-            break
-        chosen.append(top)
-        candidates = [p for p in candidates if len(p) > level and p[level] == top]
-        level += 1
-    return tuple(chosen)
+        common.append(parts[0])
+    if common:
+        return ".".join(common)
+    return max(sorted(set(paths)), key=paths.count)
 
 
-def unanimous(traces: tuple[str, ...]) -> bool:
-    """Whether the traces of a site that lie in a layer all name the same sublayer."""
-    subs = {p[1] if len(p) > 1 else None for p in map(_regions, traces)
-            if p and p[0].name == INDEXED}
-    return len(subs) <= 1
+def site_path(site: CallSite, structure: Structure | None = None) -> str:
+    """The module path of a call site ("" for none). Inside a nested compile region's call
+    (a layer compiled once) only the paths in a layer count: Inductor also hands the
+    region's kernels traces of the outer graph's nodes (the final norm's gradient, the LM
+    head's), which would pull them out of the layer."""
+    paths = site_paths(site)
+    if site.region_call >= 0 and structure is not None:
+        paths = [p for p in paths if structure.layer_of(p)] or paths
+    return common_path(paths)
 
 
-def own_traces(site: CallSite) -> tuple[str, ...]:
-    """The stack traces that place a site: inside a nested compile region's call, only those
-    in a layer (the region is the block; Inductor also hands its kernels traces of the
-    outer graph's nodes, e.g. the final norm's gradient, which would pull them out of it)."""
-    if site.region_call < 0:
-        return site.stack_traces
-    in_layer = tuple(t for t in site.stack_traces
-                     if (p := _regions(t)) and p[0].name == INDEXED)
-    return in_layer or site.stack_traces
+def places_of(graphs: list[CompiledGraph], structure: Structure | None = None
+              ) -> list[list[Place]]:
+    """Places of every call site (module docstring, step 1)."""
+    structure = structure or Structure("", "")
+    out = []
+    for graph in graphs:
+        paths = _per_region_call([site_path(s, structure) for s in graph.sites], graph,
+                                 structure)
+        out.append([Place(p, structure.layer_of(p) if p else None,
+                          structure.sublayer_of(p) if p else None) for p in paths])
+    return out
 
 
-def count_layers(graph: CompiledGraph, paths: list[tuple[Region, ...]],
-                 clear: list[bool]) -> list[int | None]:
-    """Per site: the layer counted in launch order (0 = the first layer launched).
-
-    Only anchors start a layer: ``clear`` sites (all traces in one sublayer) that are GEMM
-    or attention calls, which stay in their layer's order; a new layer starts where the
-    sublayer goes back (a later block in the source in a backward graph, an earlier one
-    otherwise).  Inductor moves small kernels across layers (under autocast, the bf16 casts
-    of the next layer's weights and its norm-weight gradient run amid this layer's
-    attention backward, which made a 12-layer backward count 35), so they only join a
-    layer: that of their anchor neighbours, of the next one when its sublayer is theirs,
-    else of the previous one.  A graph without GEMM or attention calls counts every clear
-    site.
-    """
-    anchors = [clear[i] and not site.is_triton and _extern_family(site.kernel) != "other"
-               for i, site in enumerate(graph.sites)]
-    if not any(anchors):
-        anchors = clear
-    order = [i for i, path in enumerate(paths)
-             if path and path[0].name == INDEXED and anchors[i]]
-    counted = count_anchors(order, paths, backward=graph.kind == "backward")
-    clear_sites = [i for i, c in enumerate(counted) if c is not None]
-    for i, path in enumerate(paths):
-        if counted[i] is not None or not path or path[0].name != INDEXED:
-            continue
-        before = [j for j in clear_sites if j < i]
-        after = [j for j in clear_sites if j > i]
-        prev = before[-1] if before else None
-        nxt = after[0] if after else None
-        if prev is None or nxt is None or counted[prev] == counted[nxt]:
-            counted[i] = counted[prev if prev is not None else nxt] if clear_sites else 0
-            continue
-        sub = path[1].name if len(path) > 1 else None
-        next_sub = paths[nxt][1].name if len(paths[nxt]) > 1 else None
-        counted[i] = counted[nxt] if sub is not None and sub == next_sub else counted[prev]
-    return counted
-
-
-def count_anchors(order: list[int], paths: list[tuple[Region, ...]], backward: bool
-                  ) -> list[int | None]:
-    """Per site: the layer of the anchors in ``order`` (0 = the first), a new layer starting
-    where the sublayer goes back (a later block in the source when the block is walked
-    backwards, an earlier one otherwise); stray layers merged; None for the other sites."""
-    counted: list[int | None] = [None] * len(paths)
-    index, prev_line = -1, None
-    for i in order:
-        path = paths[i]
-        line = path[1].line if len(path) > 1 else None
-        if index < 0:
-            index = 0
-        elif line is not None and prev_line is not None and (
-            line > prev_line if backward else line < prev_line
-        ):
-            index += 1  # the sublayer went back: the next layer
-        if line is not None:
-            prev_line = line
-        counted[i] = index
-    return _merge_stray_layers(counted)
-
-
-def count_layers_by_node_order(graph: CompiledGraph, paths: list[tuple[Region, ...]],
-                               clear: list[bool]) -> list[int | None]:
-    """Per site: the layer counted in the order the backward graph was built, read from its
-    FX node numbers (analysis/metrics/nodeorder.py), for a graph whose launch order mixes
-    its layers."""
-    order = gemm_anchors(graph, paths, clear, lambda kernel: _extern_family(kernel) == "gemm")
-    return place_by_votes(graph, paths, count_anchors(order, paths, backward=True))
-
-
-def _merge_stray_layers(counted: list[int | None]) -> list[int | None]:
-    """Layers counted from anchors, with stray ones folded into their neighbour.
-
-    Inductor's partitioner may recompute an op of the layer the backward starts with at the
-    very top of the backward graph, before the loss head's gradient (seen on 32 layers:
-    the last layer's attention forward, one anchor ahead of 32 layers of 15): counted alone it
-    is one layer too many.  A layer with fewer than half the median anchors per layer joins
-    the next layer in launch order (the previous one at the end), and layers are renumbered.
-    """
-    sizes = Counter(c for c in counted if c is not None)
-    if len(sizes) < 2:
-        return counted
-    typical = sorted(sizes.values())[len(sizes) // 2]
-    order = sorted(sizes)
-    target: dict[int, int] = {}
-    for pos, layer in enumerate(order):
-        if sizes[layer] * 2 >= typical:
-            continue
-        rest = order[pos + 1:] or order[:pos][::-1]
-        target[layer] = next((n for n in rest if sizes[n] * 2 >= typical), layer)
-    kept = sorted({target.get(c, c) for c in order})
-    renumber = {layer: n for n, layer in enumerate(kept)}
-    return [None if c is None else renumber[target.get(c, c)] for c in counted]
-
-
-def _layers(counted: list[int | None]) -> int:
-    return max((c for c in counted if c is not None), default=-1) + 1
-
-
-def graph_places(graph: CompiledGraph, n_layers: int | None = None
-                 ) -> tuple[list[tuple[Region, ...]], list[int | None], str]:
-    """(majority range path, layer counted) of every call site, and how layers were counted:
-    in launch order, or, for a backward graph where that does not find ``n_layers``, in the
-    order of its FX node numbers when that does."""
-    traces = [own_traces(s) for s in graph.sites]
-    paths = [majority_path(t) for t in traces]
-    clear = [unanimous(t) for t in traces]
-    counted = count_layers(graph, paths, clear)
-    if n_layers and graph.kind == "backward" and _layers(counted) not in (0, n_layers):
-        by_nodes = count_layers_by_node_order(graph, paths, clear)
-        if _layers(by_nodes) == n_layers:
-            return paths, by_nodes, NODE_ORDER
-    return paths, counted, LAUNCH_ORDER
-
-
-def _place(path: tuple[Region, ...], layer: int | None) -> Place:
-    names = [r.name for r in path]
-    if names and names[0] == INDEXED:
-        rest = names[1:]
-        shown = ([LAYER.format(layer)] if layer is not None else []) + rest
-        return Place(tuple(shown), layer, rest[0] if rest else None,
-                     rest[-1] if rest else None)
-    return Place(tuple(names), None, None, names[-1] if names else None)
-
-
-def places_of(graphs: list[CompiledGraph], n_layers: int | None
-              ) -> tuple[list[list[Place]], dict[int, int], bool, dict[int, str]]:
-    """Places of every call site; layers are kept only when every graph with layers shows
-    ``n_layers`` of them (or, without ``n_layers``, when they all show the same number).
-    Also: layers counted and how, per graph position (graphs with layers)."""
-    found: dict[int, int] = {}  # graph position -> layers counted
-    counted_by: dict[int, str] = {}
-    parts = []
-    for i, g in enumerate(graphs):
-        paths, counted, how = graph_places(g, n_layers)
-        if layers := _layers(counted):
-            found[i], counted_by[i] = layers, how
-        parts.append((g, paths, counted))
-    counts = set(found.values())
-    ok = bool(found) and (counts == {n_layers} if n_layers is not None else len(counts) == 1)
-    places = []
-    for i, (g, paths, counted) in enumerate(parts):
-        n = found.get(i, 0)
-        row = []
-        for path, c in zip(paths, counted, strict=True):
-            layer = None
-            if ok and c is not None:
-                layer = n - 1 - c if g.kind == "backward" else c
-            row.append(_place(path, layer))
-        places.append(row)
-    return places, found, ok, counted_by
+def _per_region_call(paths: list[str], graph: CompiledGraph, structure: Structure) -> list[str]:
+    """A layer compiled once (a nested compile region, ``compile_blocks: once``) was traced in
+    one layer, so its nodes name that layer in every call of the region. When the region's
+    sites all name one layer ``<stem>.<i>``, call ``c`` of ``n`` ran the layer ``c`` places
+    after it: the layers run in order in forward and last first in backward."""
+    inside = [k for k, s in enumerate(graph.sites)
+              if s.region_call >= 0 and paths[k] and structure.layer_of(paths[k])]
+    layers = {structure.layer_of(paths[k]) for k in inside}
+    if len(layers) != 1:
+        return paths
+    traced = str(layers.pop())
+    stem, _, index = traced.rpartition(".")
+    if not index.isdigit():
+        return paths
+    calls = sorted({graph.sites[k].region_call for k in inside})
+    order = {c: n for n, c in enumerate(calls[::-1] if graph.kind == "backward" else calls)}
+    out = list(paths)
+    for k in inside:
+        layer = f"{stem}.{int(index) + order[graph.sites[k].region_call]}"
+        out[k] = layer + paths[k][len(traced):]
+    return out
 
 
 # -- 2. alignment -----------------------------------------------------------------------------
@@ -501,22 +386,20 @@ def align(ops: GpuOps, phase: np.ndarray, graphs: list[CompiledGraph],
 
 
 def attribute(ops: GpuOps, phase: np.ndarray, graphs: list[CompiledGraph],
-              n_layers: int | None) -> Attribution:
+              structure: Structure | None = None) -> Attribution:
     """Every op's compiled call site and place (module docstring)."""
-    places, found, ok, counted_by = places_of(graphs, n_layers)
+    places = places_of(graphs, structure)
     n = ops.size
     out = Attribution(
         graphs=graphs, places=places,
         op_graph=np.full(n, -1, np.int64), op_site=np.full(n, -1, np.int64),
         op_invocation=np.full(n, -1, np.int64), op_status=np.full(n, UNMATCHED, np.int64),
-        n_layers=n_layers, layers_found=found, layers_ok=ok, layers_counted_by=counted_by,
     )
     if graphs and n:
         align(ops, phase, graphs, places, out)
     return out
 
 
-__all__ = ["ANCHOR", "EXTERN", "GLUE", "LAUNCH_ORDER", "LAYER", "NODE_ORDER", "ORDERED",
-           "STATUS_NAMES", "UNMATCHED", "Attribution", "Place", "align", "attribute",
-           "count_anchors", "count_layers", "count_layers_by_node_order", "graph_places",
-           "majority_path", "places_of", "spread", "unanimous"]
+__all__ = ["ANCHOR", "EXTERN", "GLUE", "ORDERED", "STATUS_NAMES", "UNMATCHED", "Attribution",
+           "Place", "align", "attribute", "common_path", "places_of", "site_path", "site_paths",
+           "spread"]

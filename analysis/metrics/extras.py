@@ -25,7 +25,7 @@ from analysis.metrics.durations import durations_table
 from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.idle import idle_table
 from analysis.metrics.kernelmap import attribution_metrics, compiled_op_table, kernel_map_table
-from analysis.metrics.modules import module_table
+from analysis.metrics.modules import module_table, structure_of
 from analysis.metrics.occupancy import GpuLimits, occupancy
 from analysis.metrics.phases import (
     OpPhases,
@@ -37,7 +37,6 @@ from analysis.metrics.phases import (
 )
 from analysis.reading.codes import dense_codes
 from analysis.reading.export import Export
-from analysis.reading.sourceregions import model_layers
 from analysis.reading.torchtrace import read_torch_trace
 from analysis.reports import fmt
 from analysis.reports.fmt import Table
@@ -91,15 +90,6 @@ class RunInputs:
         value = self.record.get("graph_phases")
         return value if isinstance(value, list) else None
 
-    @property
-    def n_layers(self) -> int | None:
-        """The model's layer count: the record's, else from its GPT size."""
-        params = self.record.get("params") or {}
-        value = self.record.get("n_layers") or params.get("n_layers")
-        if isinstance(value, int):
-            return value
-        size = params.get("size")
-        return model_layers(str(size)) if size is not None else None
 
 
 def _median(values: np.ndarray) -> float | None:
@@ -438,8 +428,9 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
     phases = op_phases(ex, launched, run.graph_phases)
     graphs = read_torch_trace(run.torch_trace) if run.torch_trace is not None else []
     graphs = [g for g in graphs if g.sites]  # code without provenance handles: no call sites
-    attribution = attribute(launched, phases.phase, graphs, run.n_layers) if graphs else None
-    out.phase_rows = phase_table(ex, launched, phases, attribution)
+    attribution = (attribute(launched, phases.phase, graphs, structure_of(run.record))
+                   if graphs else None)
+    out.phase_rows = phase_table(ex, launched, phases)
     category = op_categories(launched, phases, attribution)
     ops = _gpu_ops(ex, category)
     cat_table, cat_values = category_table(ops)
@@ -481,7 +472,8 @@ def compute_extras(ex: Export, ctx: Context | None = None, run: RunInputs | None
         metrics[f"category_time_ns.{cat}"] = cat_values[cat]
     metrics.update(phase_summary(out.phase_rows))
     metrics.update(modules.metrics)
-    metrics.update(attribution_metrics(launched, phases, attribution, out.phase_rows))
+    metrics.update(attribution_metrics(launched, phases, attribution, out.phase_rows,
+                                       modules.table))
     out.metrics = metrics
     return out
 

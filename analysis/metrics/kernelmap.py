@@ -1,14 +1,17 @@
 """The kernel map of a compiled run, as a table and as metrics.
 
 ``kernel_map.csv``: one row per call site of every compiled graph (analysis/reading/
-torchtrace.py), in graph and launch order, with its ATen ops, its place in the model
-(analysis/metrics/attribution.py) and the GPU ops the capture matched to it.
+torchtrace.py), in graph and launch order, with its ATen ops, its place in the model (its
+module path with the path's layer and sublayer by the run's structure:
+analysis/metrics/attribution.py) and the GPU ops the capture matched to it.
 
 Metrics (``metrics.json``), over the forward + backward GPU time (kernels, memcpys and
 memsets launched in ``forward_pass`` or ``backward_pass``):
 
-* ``layer_share_fwd_bwd``: share in the ``layer_<i>`` rows of phase_gpu_time.csv (any
-  basis; eager layer ranges see only the forward launches);
+* ``layer_share_fwd_bwd``: share in the layers: the ``layer`` rows of phase_gpu_time.csv
+  (numbered NVTX ranges, analysis/metrics/rangetree.py; those a workload opens in its forward
+  see only the forward launches), else the layer rows of the module table (its structure's
+  layers, eager or compiled: analysis/metrics/modules.py);
 * ``kernel_map``: ``ok`` (every Triton kernel matched a call site), ``partial``, ``no kernel
   map`` (Triton kernels but no compiled graph with provenance in the TORCH_TRACE: e.g. an
   Inductor cache entry made without provenance tracking), ``unused`` (graphs read, none of
@@ -18,10 +21,9 @@ memsets launched in ``forward_pass`` or ``backward_pass``):
   compiled graphs), ``ordered_share_fwd_bwd`` (given to externs in order),
   ``unattributed_share_fwd_bwd`` (1 - placed);
 * ``triton_matched_share``: Triton kernel instances matched / all;
-* ``kernel_map_layers``: layers found per graph (null unless all agree with the model);
-* ``kernel_map_layer_order``: how they were counted: ``launch order``, or ``FX node order``
-  for a backward graph scheduled with its layers mixed (analysis/metrics/nodeorder.py), both
-  joined by `` + `` when the graphs differ (null without layers);
+* ``kernel_map_layers``: the structure's layers the call sites' module paths name (null for
+  none: a capture without module paths, or a layer compiled on its own, whose paths start
+  inside the layer);
 * ``graph_phase_split_replays``: CUDA-graph replays split into phases by node counts (null
   without ``graph_phases`` in the run record).
 """
@@ -38,13 +40,12 @@ from analysis.metrics.gpuops import KERNEL, GpuOps
 from analysis.metrics.ops import COLUMNS as OPS_COLUMNS
 from analysis.metrics.ops import CompiledOpTime, compiled_op_rows, fused_label
 from analysis.metrics.phases import PHASES, OpPhases
-from analysis.reading.sourceregions import parse_frames
-from analysis.reading.torchtrace import TRITON_PREFIX
+from analysis.reading.torchtrace import TRITON_PREFIX, innermost_frame
 from analysis.reports.fmt import Table
 
 COLUMNS = [
     "Graph", "AOT ID", "Kind", "Function", "Site", "Handle", "Kernel", "Original ATen",
-    "Place", "Layer", "Sublayer", "Region", "Source", "Ops", "Invocations", "GPU Time (ns)",
+    "Place", "Layer", "Sublayer", "Source", "Ops", "Invocations", "GPU Time (ns)",
     "Category",
 ]  # fmt: skip
 FWD_BWD = (PHASES.index("forward_pass"), PHASES.index("backward_pass"))
@@ -75,9 +76,8 @@ def kernel_map_table(ops: GpuOps, attribution: Attribution | None,
             place = attribution.places[g][s]
             rows.append([
                 str(g), graph.aot_id, graph.kind, graph.function, str(s), cs.handle, cs.kernel,
-                " ".join(cs.aten_ops), " > ".join(place.path),
-                "" if place.layer is None else str(place.layer), place.sublayer or "",
-                place.region or "", _source(cs.stack_traces), str(count[k]),
+                " ".join(cs.aten_ops), place.path, place.layer or "", place.sublayer or "",
+                _source(cs.stack_traces), str(count[k]),
                 str(len(calls.get(k, ()))), str(time[k]),
                 CATEGORIES[int(main[k])] if count[k] else "",
             ])
@@ -140,15 +140,39 @@ def _ops_cell(v: object) -> str:
 def _source(traces: tuple[str, ...]) -> str:
     """``file:line`` of the innermost frame of the first stack trace."""
     for trace in traces:
-        frames = parse_frames(trace)
-        if frames:
-            f = frames[-1]
-            return f"{'/'.join(f.file.split('/')[-2:])}:{f.line}"
+        frame = innermost_frame(trace)
+        if frame:
+            return f"{'/'.join(frame[0].split('/')[-2:])}:{frame[1]}"
     return ""
 
 
+def layer_share(rows: list[dict[str, object]], modules: Table | None = None) -> float | None:
+    """``layer_share_fwd_bwd`` (module docstring): the phase table's layer rows, else the
+    module table's layers (a row whose Layer is its own Module)."""
+    by_name = {r["Range"]: r for r in rows}
+    phase_ns = sum(int(by_name[p]["GPU Time (ns)"]) for p in ("forward_pass", "backward_pass")
+                   if p in by_name)
+    steps = by_name.get("profiled_step", {}).get("Instances") or 0
+    layer_ns = float(sum(int(r["GPU Time (ns)"]) for r in rows if r["Kind"] == "layer"))
+    if not layer_ns and modules is not None and modules.rows and steps:
+        col = {c: i for i, c in enumerate(modules.header)}
+        fwd, bwd = col["Forward GPU ms/step"], col["Backward GPU ms/step"]
+        layer_ms = sum(_float(r[fwd]) + _float(r[bwd]) for r in modules.rows
+                       if r[col["Layer"]] and r[col["Layer"]] == r[col["Module"]])
+        layer_ns = layer_ms * 1e6 * float(steps)
+    return layer_ns / phase_ns if phase_ns and layer_ns else None
+
+
+def _float(cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        return 0.0
+
+
 def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution | None,
-                        rows: list[dict[str, object]]) -> dict[str, object]:
+                        rows: list[dict[str, object]], modules: Table | None = None
+                        ) -> dict[str, object]:
     """The keys of the module docstring."""
     dur = ops.dur
     fwd_bwd = np.isin(phases.phase, FWD_BWD)
@@ -157,18 +181,13 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
     def share(mask: np.ndarray) -> float | None:
         return float(dur[fwd_bwd & mask].sum() / total) if total else None
 
-    by_name = {r["Range"]: r for r in rows}
-    phase_ns = sum(int(by_name[p]["GPU Time (ns)"]) for p in ("forward_pass", "backward_pass")
-                   if p in by_name)
-    layer_ns = sum(int(r["GPU Time (ns)"]) for r in rows if r["Kind"] == "layer")
     triton = np.array([n.startswith(TRITON_PREFIX) for n in ops.names], bool)
     is_triton = (ops.kind == KERNEL) & triton[ops.name_code] if ops.size else np.zeros(0, bool)
     out: dict[str, object] = {
-        "layer_share_fwd_bwd": layer_ns / phase_ns if phase_ns and layer_ns else None,
+        "layer_share_fwd_bwd": layer_share(rows, modules),
         "kernel_map": None,
         "kernel_map_graphs": None,
         "kernel_map_layers": None,
-        "kernel_map_layer_order": None,
         "triton_matched_share": None,
         "placed_share_fwd_bwd": None,
         "compiled_share_fwd_bwd": None,
@@ -185,6 +204,7 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
     matched = np.isin(status, (ANCHOR, EXTERN, ORDERED))
     offsets = np.cumsum([0] + [len(p) for p in attribution.places])
     site_has_place = np.array([bool(p.path) for g in attribution.places for p in g] + [False])
+    layers = {p.layer for g in attribution.places for p in g if p.layer}
     site = np.where(matched, offsets[np.maximum(attribution.op_graph, 0)] + attribution.op_site,
                     -1)
     has_place = site_has_place[site]
@@ -194,10 +214,7 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
     out.update({
         "kernel_map": state if matched.any() or n_triton else "unused",
         "kernel_map_graphs": len(attribution.graphs),
-        "kernel_map_layers": max(attribution.layers_found.values())
-        if attribution.layers_ok else None,
-        "kernel_map_layer_order": " + ".join(sorted(set(attribution.layers_counted_by.values())))
-        if attribution.layers_ok else None,
+        "kernel_map_layers": len(layers) or None,
         "triton_matched_share": matched_triton / n_triton if n_triton else None,
         "placed_share_fwd_bwd": share(has_place),
         "compiled_share_fwd_bwd": share(matched),
@@ -209,4 +226,4 @@ def attribution_metrics(ops: GpuOps, phases: OpPhases, attribution: Attribution 
 
 
 __all__ = ["COLUMNS", "attribution_metrics", "compiled_op_table", "kernel_map_table",
-           "site_op_label"]
+           "layer_share", "site_op_label"]

@@ -27,9 +27,10 @@ Compiled code has no module ranges inside it: its kernels get the module path In
 provenance recorded for the nodes fused into them (the stack-trace line that
 workloads/steps.py ``track_module_paths`` adds; a kernel fusing nodes of several modules goes
 to their deepest common module, or to the one most of them name when only the root holds
-them all; eager glue launched between compiled kernels follows the kernel before it). A path
-compiled below an eager module range (a layer compiled on its own) is relative to that
-range's module. Paths deeper than the run's
+them all; an extern kernel, a cuDNN convolution's backward, to the nodes of its own op, not
+those fused into its inputs; eager glue launched between compiled kernels follows the kernel
+before it). A path compiled below an eager module range (a layer compiled on its own) is
+relative to that range's module. Paths deeper than the run's
 ``module_depth`` count for their ancestor at that depth.
 
 ``module_coverage`` (metrics.json): the share of forward + backward GPU time that some module
@@ -52,8 +53,7 @@ from analysis.metrics.phases import PHASES, STEP_RANGE, OpPhases, _inside, _Rang
 from analysis.reading.export import Export
 from analysis.reading.torchtrace import UNHANDLED
 from analysis.reports.fmt import Table
-from workloads.models.parts import (
-    MODULE_PATH_LINE,
+from workloads.structure import (
     MODULE_RANGE_PREFIX,
     RECOMPUTE_LINE,
     RECOMPUTE_RANGE_PREFIX,
@@ -61,8 +61,6 @@ from workloads.models.parts import (
 )
 
 PREFIX, RECOMPUTE = MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
-# the line workloads/steps.py adds to a compiled node's stack trace, its path captured
-_MODULE_LINE = re.compile(re.escape(MODULE_PATH_LINE).replace(re.escape("{}"), r"([^\]]*)"))
 FORWARD, BACKWARD = PHASES.index("forward_pass"), PHASES.index("backward_pass")
 HEADER = ["Module", "Depth", "Layer", "Sublayer", "Forward GPU ms/step",
           "Backward GPU ms/step", "Recompute GPU ms/step", "GPU ms/step", "Share of Step",
@@ -193,8 +191,7 @@ def _compiled_paths(ops: GpuOps, attribution: Attribution | None,
     out = np.full(ops.size, "", dtype=object)
     if attribution is None:
         return out
-    site_paths = [[_common(_site_paths(site.stack_traces)) for site in graph.sites]
-                  for graph in attribution.graphs]
+    site_paths = [[place.path for place in row] for row in attribution.places]
     innermost = np.full(ops.size, "", dtype=object)
     for path in sorted(eager, key=lambda p: p.count(".")):  # deeper ranges overwrite
         innermost[eager[path]] = path
@@ -234,27 +231,6 @@ def _follow_launcher(ops: GpuOps, attribution: Attribution, paths: np.ndarray,
             last = paths[op] if attribution.op_graph[op] >= 0 else last
         elif fillable[op] and last:
             paths[op] = last
-
-
-def _site_paths(traces: tuple[str, ...]) -> list[str]:
-    return [m.group(1) for t in traces for m in _MODULE_LINE.finditer(t)]
-
-
-def _common(paths: list[str]) -> str:
-    """The deepest module holding every path; when only the root holds them all (a kernel
-    fusing the end of one top-level module with the start of the next, or a weight tied
-    between two), the path most of them name."""
-    if not paths:
-        return ""
-    split = [p.split(".") for p in set(paths)]
-    common = []
-    for parts in zip(*split, strict=False):
-        if len(set(parts)) != 1:
-            break
-        common.append(parts[0])
-    if common:
-        return ".".join(common)
-    return max(sorted(set(paths)), key=paths.count)
 
 
 def outermost(paths: Iterable[str]) -> list[str]:

@@ -9,46 +9,48 @@ nsys projects an NVTX range only onto GPU work launched by the thread that pushe
     correlationId) starts.
 
 Its GPU time (end - start on the device) is then added to that range name. Several instances
-of a name (``layer_3`` in every step) are merged into their union first, so overlapping
-instances on two threads never count an operation twice.
+of a name (``module:layers.3`` in every step) are merged into their union first, so
+overlapping instances on two threads never count an operation twice.
 
-Two other bases fill in what the ranges cannot see (column ``Basis``):
+A row's ``Kind`` says what the range is: the step, a phase, a ``layer`` or ``sublayer`` (a
+family of numbered ranges inside a phase and the ranges directly inside them:
+analysis/metrics/rangetree.py), a ``module`` (a model workload's module ranges, whose layers
+its module table gives: analysis/metrics/modules.py), or an ``op``.
+
+Another basis fills in what the ranges cannot see (column ``Basis``):
 
 * **graph node count**: a CUDA graph is one launch (``cudaGraphLaunch``) that runs many
   kernels, so by launch a graph lands in the phase of its launch. A graph holding the whole
   step (``cuda_graph: step``) is split instead by the node counts its run record carries
   (``graph_phases``, see :func:`op_phases`).
-* **provenance**: compiled code has no layer or sublayer ranges (they are no-ops while
-  Dynamo traces). Its ops get the range names of the source lines Inductor recorded for them
-  (analysis/metrics/attribution.py); such rows have no CPU time.
+
+Compiled code opens no range inside its graphs (they are no-ops while Dynamo traces): its
+layers and modules come from the module paths Inductor recorded (the module table).
 
 Work launched before a range opens but still running when it closes is not moved: the
 attribution is by launch, not by execution time. ``share_of_step`` divides by the GPU time of
 every operation launched inside a ``profiled_step`` range. ``Phases`` lists the phases the
-row's ops were launched in (eager layer ranges see only the forward: backward is launched
-from autograd's thread, outside them; compiled layers get both).
+row's ops were launched in (eager layer ranges of a workload that opens them in its forward
+see only the forward: backward is launched from autograd's thread, outside them).
 """
 
 from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from analysis.metrics.gpuops import GpuOps, gpu_ops
+from analysis.metrics.rangetree import layer_kinds
 from analysis.reading.export import Export
 from analysis.reports.nvtx import PID_MASK
-from workloads.models.parts import MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
-
-if TYPE_CHECKING:
-    from analysis.metrics.attribution import Attribution
+from workloads.structure import MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX
 
 STEP_RANGE = "profiled_step"
 PHASES = ("forward_pass", "loss_computation", "backward_pass", "optimizer_step")
-NVTX_BASIS, COUNT_BASIS, PROVENANCE_BASIS = "nvtx range", "graph node count", "provenance"
+NVTX_BASIS, COUNT_BASIS = "nvtx range", "graph node count"
 COLUMNS = [
     "Range",
     "Kind",
@@ -124,6 +126,8 @@ class _Ranges:
     pid: np.ndarray
     codes: dict[str, np.ndarray]  # name -> indices into start/end/pid
     unclosed: dict[str, int]  # name -> ranges that never ended in the capture
+    tid: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # global thread
+    _kinds: dict[str, str] | None = None
 
     @classmethod
     def of(cls, ex: Export) -> _Ranges | None:
@@ -141,7 +145,20 @@ class _Ranges:
         unclosed = {n: int(np.isin(open_codes, cs).sum()) for n, cs in by_name.items()}
         return cls(nv.start[closed], nv.end[closed], nv.global_tid[closed] & PID_MASK,
                    {n: i for n, i in codes.items() if i.size},
-                   {n: k for n, k in unclosed.items() if k})
+                   {n: k for n, k in unclosed.items() if k}, nv.global_tid[closed])
+
+    def kind(self, name: str) -> str:
+        """What the range ``name`` is (module docstring): its name says step, phase or module;
+        how its ranges nest says layer or sublayer; else an op."""
+        if self._kinds is None:
+            names = list(self.codes)
+            name_of = np.empty(self.start.size, np.int64)
+            for k, n in enumerate(names):
+                name_of[self.codes[n]] = k
+            fixed = [n for n in names if name_kind(n) != "op"]
+            self._kinds = layer_kinds(names, name_of, self.start, self.end, self.tid,
+                                      PHASES, fixed)
+        return self._kinds.get(name) or name_kind(name)
 
     def ops_inside(self, name: str, ops: GpuOps) -> np.ndarray:
         i = self.codes.get(name)
@@ -225,17 +242,17 @@ class _Row:
     cpu_ns: int | None
 
 
-def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None = None,
-                attribution: Attribution | None = None) -> list[dict[str, object]]:
+def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None = None
+                ) -> list[dict[str, object]]:
     """One row per range name: GPU time of the ops launched inside it (or placed there by
-    node counts or provenance), per step."""
+    node counts), per step."""
     ranges = _Ranges.of(ex)
-    if ranges is None and attribution is None:
+    if ranges is None:
         return []
     ops = ops if ops is not None else gpu_ops(ex)
     phases = phases if phases is not None else op_phases(ex, ops)
     rows: dict[str, _Row] = {}
-    for name in (ranges.codes if ranges is not None else {}):
+    for name in ranges.codes:
         inside = ranges.ops_inside(name, ops)
         if name in PHASES:
             inside &= ~phases.by_count
@@ -248,8 +265,6 @@ def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None =
             row.mask |= counted
             row.bases.append(COUNT_BASIS)
             row.instances += phases.split_replays
-    if attribution is not None:
-        _add_provenance_rows(rows, ops, attribution)
 
     step = rows.get(STEP_RANGE)
     steps = step.instances if step is not None and NVTX_BASIS in step.bases else 0
@@ -263,7 +278,7 @@ def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None =
         gpu_ns = int(dur[row.mask].sum())
         out.append({
             "Range": name,
-            "Kind": _kind(name),
+            "Kind": ranges.kind(name) if name in ranges.codes else name_kind(name),
             "Instances": row.instances,
             "Ops": int(row.mask.sum()),
             "GPU Time (ns)": gpu_ns,
@@ -277,29 +292,6 @@ def phase_table(ex: Export, ops: GpuOps | None = None, phases: OpPhases | None =
         out.append(_other_row(out, step_gpu_ns, per_step))
     out.sort(key=lambda r: (_KIND_ORDER.index(r["Kind"]), -int(r["GPU Time (ns)"])))
     return out
-
-
-def _add_provenance_rows(rows: dict[str, _Row], ops: GpuOps, attribution: Attribution) -> None:
-    """Rows for the range names of the source lines compiled code came from."""
-    offsets = np.cumsum([0] + [len(p) for p in attribution.places])
-    places = [place for graph in attribution.places for place in graph]
-    site = np.where(attribution.op_graph >= 0,
-                    offsets[np.maximum(attribution.op_graph, 0)] + attribution.op_site, -1)
-    layer = np.array([-1 if p.layer is None else p.layer for p in places] + [-1], np.int64)
-    sites_of: dict[str, list[int]] = {}
-    for i, place in enumerate(places):
-        for name in place.path:
-            sites_of.setdefault(name, []).append(i)
-    for name, sites in sites_of.items():
-        mask = np.isin(site, sites)
-        if not mask.any():
-            continue
-        # an instance: one invocation of a graph, per layer (as a range per layer and step)
-        pairs = np.unique(np.stack([attribution.op_invocation[mask], layer[site[mask]]]), axis=1)
-        row = rows.setdefault(name, _Row(np.zeros(ops.size, bool), [], 0, None))
-        row.mask |= mask
-        row.bases.append(PROVENANCE_BASIS)
-        row.instances += int(pairs.shape[1])
 
 
 def _phases_of(phase: np.ndarray) -> str:
@@ -329,15 +321,13 @@ def _other_row(rows: list[dict[str, object]], step_gpu_ns: int,
 _KIND_ORDER = ["step", "phase", "layer", "sublayer", "module", "op", "other"]
 
 
-def _kind(name: str) -> str:
+def name_kind(name: str) -> str:
+    """What a range is by its name alone: step, phase, module, other, else op (a layer or
+    sublayer is told by nesting: :meth:`_Ranges.kind`)."""
     if name in (STEP_RANGE, "profiled_region"):
         return "step"
     if name in PHASES:
         return "phase"
-    if name.startswith("layer_"):
-        return "layer"
-    if name.endswith("_sublayer"):
-        return "sublayer"
     # a model workload's, and their recomputation by checkpointing (analysis/metrics/modules.py)
     if name.startswith((MODULE_RANGE_PREFIX, RECOMPUTE_RANGE_PREFIX)):
         return "module"

@@ -185,6 +185,17 @@ def phase_rows(run: Run) -> pd.DataFrame | None:
     return both.groupby("Range")[["GPU ms/step", "CPU ms/step"]].mean()
 
 
+def phase_kinds(run: Run) -> dict[str, str]:
+    """Range -> its Kind in the run's phase_gpu_time.csv (a layer or sublayer is told there,
+    by how its ranges nest)."""
+    out: dict[str, str] = {}
+    for d in run.dirs:
+        table = _read_csv(stats_file(d, "phase_gpu_time.csv"))
+        if table is not None and {"Range", "Kind"} <= set(table.columns):
+            out.update(zip(table["Range"].astype(str), table["Kind"].astype(str), strict=True))
+    return out
+
+
 def range_table(old: Run, new: Run) -> tuple[pd.Series | None, pd.Series | None, str]:
     """NVTX range ms per step on one basis shared by both sides: ``gpu`` (the launch-based
     attribution of phase_gpu_time.csv) when both have it with GPU work, else ``cpu`` (range

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.metrics.phases import _kind as range_kind
+from analysis.metrics.phases import name_kind
 from analysis.metrics.timing import speedup, summarize
 from analysis.outputs.diff_load import (
     PROVENANCE_FIELDS,
@@ -22,6 +22,7 @@ from analysis.outputs.diff_load import (
     find_runs,
     module_table,
     per_step_table,
+    phase_kinds,
     range_table,
     side_provenance,
     summary_runs_only,
@@ -141,7 +142,8 @@ def explain_run(old: Run, new: Run, step_delta_ms: float) -> Explanation:
                       table(new, "cuda_gpu_kern_sum.csv", "Name"), step_delta_ms)
     ro, rn, basis = range_table(old, new)
     ranges = one_sided_ranges(explain(ro, rn, step_delta_ms), ro, rn, old, new)
-    ranges.insert(1, "kind", [range_kind(str(k)) for k in ranges["key"]])
+    kinds = {**phase_kinds(old), **phase_kinds(new)}
+    ranges.insert(1, "kind", [kinds.get(str(k)) or name_kind(str(k)) for k in ranges["key"]])
     mo, mn, module_basis = module_table(old, new)
     modules = one_sided_ranges(explain(mo, mn, step_delta_ms), mo, mn, old, new, "module")
     return Explanation(categories, kernels, ranges, basis, modules, module_basis)

@@ -40,10 +40,10 @@ from analysis.outputs.figures_kernels import (
 from analysis.outputs.figures_phases import (
     ATTENTION_STEPS,
     SUBLAYER_BASIS,
-    SUBLAYERS,
     draw_phase_gpu_time,
     layer_frame,
     phase_frame,
+    sublayer_names,
 )
 from analysis.outputs.runs import read_json
 
@@ -433,7 +433,7 @@ def _draw(summary: pd.DataFrame, results: Path, name: str, path: Path) -> None:
         style.empty_figure(path, name, f"could not draw ({type(exc).__name__}: {exc})")
 
 
-__all__ = ["ATTENTION_STEPS", "DRAWERS", "FIGURES", "SUBLAYERS", "SUBLAYER_BASIS", "TOP_N",
-           "idle_frame", "kernel_labels", "layer_frame", "phase_frame", "plot",
+__all__ = ["ATTENTION_STEPS", "DRAWERS", "FIGURES", "SUBLAYER_BASIS", "TOP_N",
+           "idle_frame", "kernel_labels", "layer_frame", "phase_frame", "plot", "sublayer_names",
            "plot_comm_bandwidth", "plot_phase_gpu_time", "plot_rank_timeline", "plot_scaling",
            "scaling_series", "short_kernel", "write_figures"]

@@ -3,12 +3,18 @@ as shares of the step with the step's total beside them, the sublayers and the s
 attention, each layer's time, and a model workload's top modules (its module table,
 analysis/metrics/modules.py) forward and backward, all in the same rows.
 
+Layers and sublayers come from the phase table's ``layer`` and ``sublayer`` rows (numbered
+NVTX ranges and the ranges directly inside them, analysis/metrics/rangetree.py: a capture
+whose workload opened such ranges), else from the module table (the run's structure: a
+layer's row and its sublayers' rows, summed over the layers, eager or compiled).
+
 GPU time per phase where the run launched GPU work; on a CPU (no GPU activity in the
 capture) the CPU time inside the same NVTX ranges, labelled as such.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +30,9 @@ from analysis.outputs.runs import module_table_suspect
 
 # NVTX ranges inside attention (workloads/attention.py), in execution order
 ATTENTION_STEPS = tuple(style.ATTENTION_STEP_COLORS)
-SUBLAYERS = tuple(style.SUBLAYER_COLORS)
 SUBLAYER_BASIS = "basis"  # column of phase_frame's sublayer frame: how the rows were made
+MODULE_BASIS = "module table"  # the basis of layers and sublayers read from the module table
 CLOCK = "clock"  # column of phase_times' frame: "GPU", or "CPU" where no GPU work ran
-LAYER_ROW = r"^layer_(\d+)$"  # phase_gpu_time.csv's layer rows (workloads/gpt.py names them)
 TABLE = "phase_gpu_time.csv"
 MODULE_TABLE = "module_table.csv"  # a model workload's (analysis/metrics/modules.py)
 TOP_MODULES = 3  # module groups per run in the modules panel, one bar under another
@@ -38,12 +43,18 @@ _OUTSIDE = "(step, outside phases)"
 def phase_frame(results: Path, runs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(run x phase ms/step, run x sublayer/attention-step share of step)."""
     tables = stats_tables(results, runs, TABLE)
-    return phase_times(tables).drop(columns=CLOCK), _part_shares(tables)
+    modules = trusted_modules(results, runs)
+    return phase_times(tables).drop(columns=CLOCK), _part_shares(tables, modules)
 
 
 def layer_frame(results: Path, runs: list[str]) -> pd.DataFrame:
-    """run x layer index: ms/step of each ``layer_<i>`` row, and the rows' basis."""
-    return _layer_frame(stats_tables(results, runs, TABLE))
+    """run x layer index: ms/step of each layer (module docstring), and the rows' basis."""
+    return _layer_frame(stats_tables(results, runs, TABLE), trusted_modules(results, runs))
+
+
+def sublayer_names(parts: pd.DataFrame) -> list[str]:
+    """The sublayer columns of :func:`phase_frame`'s second frame, in their order."""
+    return [c for c in parts.columns if c not in (*ATTENTION_STEPS, SUBLAYER_BASIS)]
 
 
 def _clock(table: pd.DataFrame) -> str | None:
@@ -86,7 +97,8 @@ def phase_times(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index", columns=[*style.PHASES, CLOCK])
 
 
-def _part_shares(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def _part_shares(tables: dict[str, pd.DataFrame],
+                 modules: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """run x (sublayer, attention step): share of the step, and the rows' basis."""
     parts = {}
     for run, table, clock in _clocked(tables):
@@ -96,29 +108,80 @@ def _part_shares(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
             ms = _ms(table, "CPU")
             step = ms.get(STEP_RANGE)
             share = ms / step if pd.notna(step) and step > 0 else ms * np.nan
-        row = {r: float(share[r]) for r in (*SUBLAYERS, *ATTENTION_STEPS)
+        kind = table["Kind"].astype(str) if "Kind" in table else pd.Series("", table.index)
+        sublayers = list(table.loc[kind == "sublayer", "Range"].astype(str))
+        row = {r: float(share[r]) for r in (*sublayers, *ATTENTION_STEPS)
                if r in share.index and pd.notna(share[r])}  # fmt: skip
+        basis = _sublayer_basis(table, sublayers)
+        if not sublayers:
+            by_module = _module_sublayers((modules or {}).get(run), clock,
+                                          _ms(table, clock).get(STEP_RANGE))
+            if by_module:
+                row, basis = {**by_module, **row}, MODULE_BASIS
         if row:
-            parts[run] = {**row, SUBLAYER_BASIS: _sublayer_basis(table)}
+            parts[run] = {**row, SUBLAYER_BASIS: basis}
     return pd.DataFrame.from_dict(parts, orient="index")
 
 
-def _layer_frame(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def _module_sublayers(table: pd.DataFrame | None, clock: str, step: float | None
+                      ) -> dict[str, float]:
+    """Sublayer -> its share of the step, summed over the layers: the module table's rows of
+    the sublayers themselves (``layers.0.attn``, not the modules inside them)."""
+    if table is None or "Sublayer" not in table or pd.isna(step) or not step > 0:
+        return {}
+    paths = table["Module"].astype(str)
+    sub = table["Sublayer"].fillna("").astype(str)
+    own = [s != "" and p.split(".")[-1] == s for p, s in zip(paths, sub, strict=True)]
+    ms = _module_ms(table, clock)
+    out: dict[str, float] = {}
+    for name, value in zip(sub[own], ms[own], strict=True):
+        out[name] = out.get(name, 0.0) + float(value) / float(step)
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _module_ms(table: pd.DataFrame, clock: str) -> pd.Series:
+    """A module table's ms per step in ``clock``, forward + backward."""
+    fwd = num(table, f"Forward {clock} ms/step").fillna(0)
+    bwd = num(table, f"Backward {clock} ms/step").fillna(0)
+    return fwd + bwd
+
+
+def _layer_frame(tables: dict[str, pd.DataFrame],
+                 modules: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     layers = {}
     for run, table in tables.items():
         clock = _clock(table) if "Range" in table else None
         if clock is None or "Kind" not in table:
             continue
         rows = table[table["Kind"].astype(str) == "layer"]
-        index = rows["Range"].astype(str).str.extract(LAYER_ROW, expand=False)
-        ms = num(rows, f"{clock} ms/step")
-        row = {int(i): float(v) for i, v in zip(index, ms, strict=True)
-               if pd.notna(i) and pd.notna(v) and v > 0}
+        ms = num(rows, f"{clock} ms/step").set_axis(rows["Range"].astype(str))
+        basis = _sublayer_basis(table, list(table.loc[table["Kind"].astype(str) == "sublayer",
+                                                      "Range"].astype(str)))
+        if rows.empty:
+            ms, basis = _module_layers((modules or {}).get(run), clock), MODULE_BASIS
+        ordered = sorted(ms.index, key=_layer_number)
+        row = {i: float(ms[name]) for i, name in enumerate(ordered)
+               if pd.notna(ms[name]) and ms[name] > 0}
         if row:
-            layers[run] = {**row, SUBLAYER_BASIS: _sublayer_basis(table)}
+            layers[run] = {**row, SUBLAYER_BASIS: basis}
     frame = pd.DataFrame.from_dict(layers, orient="index")
     numbered = sorted(c for c in frame.columns if c != SUBLAYER_BASIS)
     return frame[[*numbered, SUBLAYER_BASIS]] if layers else frame
+
+
+def _module_layers(table: pd.DataFrame | None, clock: str) -> pd.Series:
+    """Layer path -> ms per step: the module table's rows of the structure's layers."""
+    if table is None or "Layer" not in table:
+        return pd.Series(dtype=float)
+    paths = table["Module"].astype(str)
+    is_layer = (table["Layer"].fillna("").astype(str) == paths).to_numpy()
+    return _module_ms(table, clock)[is_layer].set_axis(paths[is_layer])
+
+
+def _layer_number(name: str) -> tuple[int, str]:
+    """``block10`` and ``layers.10`` after ``block2`` and ``layers.2``."""
+    tail = re.search(r"(\d+)$", name)
+    return (int(tail.group(1)) if tail else 1 << 30, name)
 
 
 def module_frame(results: Path, runs: list[str]) -> dict[str, list[tuple[str, float, float]]]:
@@ -174,14 +237,12 @@ def top_modules(table: pd.DataFrame, clock: str, n: int = TOP_MODULES
     return sorted(groups, key=lambda g: g[1] + g[2], reverse=True)[:n]
 
 
-def _sublayer_basis(table: pd.DataFrame) -> str:
-    """How a run's sublayer rows were attributed: NVTX ranges see forward launches only;
-    compiled code is placed by provenance, forward and backward."""
-    rows = table[table["Range"].astype(str).isin(SUBLAYERS)]
-    basis = " ".join(str(v) for v in rows.get("Basis", []) if pd.notna(v))
+def _sublayer_basis(table: pd.DataFrame, sublayers: list[str]) -> str:
+    """How a run's sublayer rows were attributed: ranges a workload opens in its forward see
+    forward launches only."""
+    rows = table[table["Range"].astype(str).isin(sublayers)]
     phases = " ".join(str(v) for v in rows.get("Phases", []) if pd.notna(v))
-    where = "fwd+bwd" if "backward" in phases else "fwd"
-    return f"{where}, provenance" if "provenance" in basis else where
+    return "fwd+bwd" if "backward" in phases else "fwd"
 
 
 # -- the figure -------------------------------------------------------------------------------
@@ -203,14 +264,19 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
     if phases.empty:
         raise style.NoData("Time per training phase",
                            f"no stats/{TABLE} with phase ranges")  # fmt: skip
-    parts = _part_shares(tables)
-    parts = parts.loc[[r for r in phases.index if r in parts.index]]
-    layers = _layer_frame(tables)
-    layers = layers.loc[[r for r in phases.index if r in layers.index]]
     runs = list(phases.index)
-    modules = _module_groups(tables, trusted_modules(results, runs))
+    trusted = trusted_modules(results, runs)
+    parts = _part_shares(tables, trusted)
+    parts = parts.loc[[r for r in phases.index if r in parts.index]]
+    layers = _layer_frame(tables, trusted)
+    layers = layers.loc[[r for r in phases.index if r in layers.index]]
+    modules = _module_groups(tables, trusted)
     title, share_of = _title(set(phases[CLOCK]))
-    widths = [4.0] + [3.0] * ((not parts.empty) + (not layers.empty) + bool(modules))
+    panels = (not parts.empty) + (not layers.empty) + bool(modules)
+    # four panels: the sublayer and layer panels narrower, room for the modules' names
+    narrow = 2.4 if panels == 3 else 3.0
+    widths = ([4.0] + [narrow] * ((not parts.empty) + (not layers.empty))
+              + [3.4 if panels == 3 else 3.0] * bool(modules))
     row_in = MODULE_ROW_IN if modules else style.ROW_IN
     fig, axes = style.figure(1, len(widths), height=1.9 + row_in * len(phases),
                              sharey=True, gridspec_kw={"width_ratios": widths})  # fmt: skip
@@ -257,15 +323,17 @@ def _phase_panel(ax: object, phases: pd.DataFrame, share_of: str) -> list[Patch]
 
 def _sublayer_panel(ax: object, rows: pd.Index, parts: pd.DataFrame,
                     share_of: str) -> list[Patch]:
-    """Per run: attention vs FFN sublayer (upper half-bar) and the steps inside attention
-    (lower half-bar), as % of the step; the basis (fwd, or fwd+bwd by provenance) at the
+    """Per run: its sublayers (upper half-bar) and the steps inside attention (lower
+    half-bar), as % of the step; the basis (fwd, fwd+bwd, or the module table's) at the
     bar's end."""
     position = {run: i for i, run in enumerate(rows)}
     seen: set[str] = set()
     widest = 0.0
+    sublayers = sublayer_names(parts)
+    sublayer_colors = {n: style.part_color(i) for i, n in enumerate(sublayers)}
     for run, row in parts.iterrows():
         ends = []
-        for names, colors, offset in ((SUBLAYERS, style.SUBLAYER_COLORS, -0.19),
+        for names, colors, offset in ((sublayers, sublayer_colors, -0.19),
                                       (ATTENTION_STEPS, style.ATTENTION_STEP_COLORS, 0.19)):
             present = [n for n in names if n in row and pd.notna(row[n])]
             left = 0.0
@@ -285,7 +353,7 @@ def _sublayer_panel(ax: object, rows: pd.Index, parts: pd.DataFrame,
     ax.tick_params(axis="y", left=False)
     ax.set_title("sublayers (upper bar)\ninside attention (lower bar)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    colors = {**style.SUBLAYER_COLORS, **style.ATTENTION_STEP_COLORS}
+    colors = {**sublayer_colors, **style.ATTENTION_STEP_COLORS}
     return [Patch(color=colors[n], label=n.replace("_", " ")) for n in colors if n in seen]
 
 

@@ -82,12 +82,8 @@ PHASE_RANGES: dict[str, str] = {
     "(step, outside phases)": "other",
 }
 
-#: NVTX ranges inside a phase (workloads/gpt.py): the sublayers of a block, and the steps
-#: of the naive attention core (workloads/attention.py); colours apart from the phases'
-SUBLAYER_COLORS: dict[str, str] = {
-    "attention_sublayer": PALETTE[2],
-    "ffn_sublayer": PALETTE[3],
-}
+#: the steps of the naive attention core (NVTX ranges of workloads/attention.py); colours
+#: apart from the phases' and the sublayers' (:func:`part_color`)
 ATTENTION_STEP_COLORS: dict[str, str] = {
     "computing attention scores": PALETTE[5],
     "causal mask construction": PALETTE[9],
@@ -132,6 +128,16 @@ STATUS_HATCH: dict[str, str] = {"oom": "//", "error": "xx", "timeout": "..", "un
 STATUS_COLOR = "#B22222"
 TRACED_COLOR = "#A6BDDB"  # the traced (nsys) value beside the untraced one
 MEASURED_COLOR = PALETTE[0]
+
+
+#: the sublayers of a layer, whatever a model names them, in their order (PALETTE[2], ...)
+_PART_PALETTE = (PALETTE[2], PALETTE[3], PALETTE[8], PALETTE[1], PALETTE[4], PALETTE[0])
+
+
+def part_color(index: int) -> str:
+    """The colour of a layer's ``index``-th sublayer (the first two as the GPT's attention and
+    FFN always were)."""
+    return _PART_PALETTE[index % len(_PART_PALETTE)]
 
 
 def layer_color(index: int, n_layers: int) -> tuple[float, float, float, float]:

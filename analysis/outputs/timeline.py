@@ -4,7 +4,7 @@ Rows, top to bottom, per rank (stacked for a distributed run, on one clock):
 
 * **phase**: where on the GPU the ops of each training phase run (by the phase they were
   launched in, analysis/metrics/phases.py), as light tints named in place;
-* **layer**: the same for the model's layers (``layer_<i>`` or a model's layer modules),
+* **layer**: the same for the model's layers (numbered layer ranges, or a model's layer modules),
   one colour per layer along the layer colour map, labelled where there is room;
 * **one row per GPU stream**: kernels and copies coloured by category; communication
   kernels also hatched;

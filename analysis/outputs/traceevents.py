@@ -12,10 +12,10 @@ The data behind the Perfetto trace (analysis/outputs/trace.py) and the timeline 
 * **each GPU op** (kernel, memcpy, memset): device, stream, launch configuration, CUDA
   graph node, and the analysis' attribution: category (analysis/metrics/categories.py via
   ``op_categories``), phase (``op_phases``: the phase range open at its launch, or a
-  whole-step graph's node counts), layer and sublayer (eager: the ``layer_<i>`` /
-  ``*_sublayer`` ranges open at launch; compiled: the place of its call site,
-  analysis/metrics/attribution.py) and module path (analysis/metrics/modules.py: the
-  innermost ``module:`` range, or a compiled call site's provenance);
+  whole-step graph's node counts), layer and sublayer (the layer and sublayer ranges open
+  at launch, analysis/metrics/rangetree.py; else those of its module path by the run's
+  structure) and module path (analysis/metrics/modules.py: the innermost ``module:`` range,
+  or a compiled call site's provenance);
 * **host threads**: CUDA API calls and NVTX ranges with their thread.
 
 Ranks: one export per rank, timestamps moved onto one clock by each capture's session start
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.metrics.attribution import Attribution, attribute
+from analysis.metrics.attribution import attribute
 from analysis.metrics.extras import RunInputs, op_categories
 from analysis.metrics.gpuops import KERNEL, GpuOps, gpu_ops
 from analysis.metrics.modules import PREFIX as MODULE_PREFIX
 from analysis.metrics.modules import RECOMPUTE, _compiled_paths, structure_of
-from analysis.metrics.phases import STEP_RANGE, _kind, _Ranges, op_phases
+from analysis.metrics.phases import STEP_RANGE, _Ranges, op_phases
 from analysis.metrics.ranks import _ranges
 from analysis.reading.codes import dense_codes
 from analysis.reading.columns import EventArrays
@@ -237,7 +237,7 @@ def _eager_places(ex: Export, ops: GpuOps, labels: _Labels
     # deeper modules overwrite, and a recomputation the backward range it runs in
     by_depth = sorted(ranges.codes, key=lambda n: (n.count("."), n.startswith(RECOMPUTE)))
     for name in by_depth:
-        kind = _kind(name)
+        kind = ranges.kind(name)
         target = {"layer": layer, "sublayer": sublayer, "module": module}.get(kind)
         if target is None:
             continue
@@ -247,20 +247,6 @@ def _eager_places(ex: Export, ops: GpuOps, labels: _Labels
                      else name[len(MODULE_PREFIX):])
         target[ranges.ops_inside(name, ops)] = labels.code(value)
     return layer, sublayer, module
-
-
-def _compiled_places(ops: GpuOps, attribution: Attribution, labels: _Labels,
-                     layer: np.ndarray, sublayer: np.ndarray) -> None:
-    """Layer and sublayer of the compiled ops from their call sites' places."""
-    placed = np.flatnonzero(attribution.op_graph >= 0)
-    for op in placed.tolist():
-        place = attribution.place(op)
-        if place is None:
-            continue
-        if place.layer is not None:
-            layer[op] = labels.code(f"layer_{place.layer}")
-        if place.sublayer:
-            sublayer[op] = labels.code(place.sublayer)
 
 
 def _module_layers(modules: np.ndarray, labels: _Labels, record: dict
@@ -294,7 +280,8 @@ def attributed_ops(ex: Export, ops: GpuOps, run: RunInputs, labels: _Labels,
     phases = op_phases(ex, ops, run.graph_phases)
     graphs = read_torch_trace(run.torch_trace) if run.torch_trace is not None else []
     graphs = [g for g in graphs if g.sites]
-    attribution = attribute(ops, phases.phase, graphs, run.n_layers) if graphs else None
+    structure = structure_of(run.record)
+    attribution = attribute(ops, phases.phase, graphs, structure) if graphs else None
     idx = np.flatnonzero(keep)
     ops = _take(ops, idx)
     phases = replace(phases, phase=phases.phase[idx], by_count=phases.by_count[idx])
@@ -305,7 +292,6 @@ def attributed_ops(ex: Export, ops: GpuOps, run: RunInputs, labels: _Labels,
                               op_status=attribution.op_status[idx])
     layer, sublayer, module = _eager_places(ex, ops, labels)
     if attribution is not None:
-        _compiled_places(ops, attribution, labels, layer, sublayer)
         eager = {labels.values[c]: module == c for c in np.unique(module[module > 0]).tolist()}
         depth = run.record.get("module_depth")
         depth = depth if isinstance(depth, int) and depth > 0 else None

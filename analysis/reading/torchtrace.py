@@ -7,8 +7,8 @@ of tab-indented lines.  With ``torch._inductor.config.trace.provenance_tracking_
 
 * ``inductor_output_code``: the wrapper module.  Its ``call()`` (and the ``partition_<n>``
   functions it calls, and the subgraph functions of nested compile regions, e.g.
-  ``partitioned_fw_subgraph_0_0``, called once per layer of a GPT whose block is compiled
-  once: workloads/gpt.py) launches the graph's kernels in order; before every launch stand
+  ``partitioned_fw_subgraph_0_0``, called once per layer of a model whose layer is compiled
+  once: ``compile_blocks: once``) launches the graph's kernels in order; before every launch stand
   ``# Topologically Sorted Source Nodes: [...], Original ATen: [...]`` and
   ``# [Provenance debug handles] <kernel>:<handle>``.  The first line, ``# AOT ID:
   ['0_forward']``, says which graph of the compiled function it is (forward, backward,
@@ -80,6 +80,15 @@ class CompiledGraph:
     @cached_property
     def triton_names(self) -> list[str]:
         return [s.kernel for s in self.sites if s.is_triton]
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ')
+
+
+def innermost_frame(trace: str) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame of one Python stack trace text (the last one)."""
+    frames = _FRAME.findall(trace)
+    return (frames[-1][0], int(frames[-1][1])) if frames else None
 
 
 def log_files(folder: str | Path) -> list[Path]:

@@ -48,7 +48,8 @@ PROFILER_SCRIPT = """
 import json, sys, torch
 from torch.profiler import ProfilerActivity, profile
 from workloads.device import configure_precision
-from workloads.steps import Speed, build_gpt
+from workloads.models.builder import build_gpt
+from workloads.steps import Speed
 configure_precision("bf16")
 w = build_gpt(size="small", context=512, batch=4, vocab=10000, mode="train", dtype="bf16",
               attention="naive", device=torch.device("cuda"), seed=0,

@@ -11,7 +11,8 @@ import torch
 
 from workloads.device import configure_precision
 from workloads.graphs import EAGER_WARMUP, PHASES, capture_step
-from workloads.steps import Speed, build_gpt
+from workloads.models.builder import build_gpt
+from workloads.steps import Speed
 
 STEPS = 8
 

@@ -1,8 +1,10 @@
 """CS336 GPT language model: pre-norm blocks with RoPE attention and a SwiGLU FFN.
 
 The model of workloads/gpt.py (its sizes in ``SIZES``) on a fixed random token batch with
-random targets; mode ``train`` adds an AdamW step, ``parallel`` runs it under torchrun with
-DDP or FSDP2 (workloads/parallel.py, docs/distributed.md). FLOPs are analytic
+random targets, built like any ``workload: model`` (workloads/models/builder.py; its
+layers ``layers.*``, their parts ``ln1``, ``attn``, ``ln2``, ``ffn``); mode ``train`` adds
+an AdamW step, ``checkpoint: layers`` checkpoints every block, ``parallel`` runs it under
+torchrun with DDP or FSDP2 (workloads/parallel.py, docs/distributed.md). FLOPs are analytic
 (workloads/flops.py: gpt_forward_flops).
 """
 
@@ -69,18 +71,23 @@ class Options:
         "help": "with compile: each = every layer traced into one flat graph; once = the "
                 "block is one nested compile region, compiled once for every layer; "
                 "regional = each layer's block compiled on its own, the layer loop eager "
-                "(its kernels get no layer in the kernel map; docs/workloads.md)"})
+                "(docs/workloads.md)"})
+    checkpoint: Literal["none", "layers"] = field(default="none", metadata={
+        "help": "activation checkpointing: layers = each block keeps only its input and runs "
+                "its forward again in backward (torch.utils.checkpoint, non-reentrant), "
+                "trading step time for activation memory"})
 
 
 def build(options: Options, run: Any) -> Any:
-    """The GPT's step (workloads/steps.py: build_gpt); ``run.wrap`` is DDP or FSDP. The
-    optimizer and compile_blocks reach it through ``run.speed``."""
-    from workloads.steps import build_gpt
+    """The GPT's step, built as any model's (workloads/models/builder.py: build_gpt);
+    ``run.wrap`` is DDP or FSDP. The optimizer and compile_blocks reach it through
+    ``run.speed``."""
+    from workloads.models.builder import build_gpt
 
     return build_gpt(size=options.size, context=options.context, batch=options.batch,
                      vocab=options.vocab, mode=options.mode, dtype=run.dtype,
                      attention=options.attention, device=run.device, seed=run.seed,
-                     speed=run.speed, wrap=run.wrap)
+                     speed=run.speed, wrap=run.wrap, checkpoint=options.checkpoint)
 
 
 def check(options: Options) -> tuple[str, str] | None:

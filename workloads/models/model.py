@@ -134,7 +134,7 @@ def _import_file(path: str) -> Any:
 
 def build(options: Options, run: Any) -> Any:
     """The model's step (workloads.steps.Workload) from its factory's parts."""
-    from workloads.steps import build_model_step
+    from workloads.models.builder import build_model_step
 
     return build_model_step(options, run, load_factory(options.factory))
 
