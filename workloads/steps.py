@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workloads import float8 as fp8
 from workloads import flops
 from workloads.attention import Attention, attention_core, sdpa_backend_context
 from workloads.attention import sdpa_unsupported_reason as _sdpa_reason
@@ -49,6 +50,7 @@ class Workload:
     # the module paths with NVTX ranges (a capture of a model workload), for the record
     module_paths: list[str] | None = None
     module_depth: int | None = None  # the depth they go to (the analysis cuts compiled paths)
+    float8: dict[str, Any] | None = None  # the FP8 conversion (workloads/float8.py), for the record
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Speed:
     optimizer: str = "adamw_foreach"
     cuda_graph: str = "off"
     compile_blocks: str = "each"  # GPT only: "once" compiles one block for all layers (gpt.py)
+    float8: str = "none"  # FP8 training recipe of the Linear layers (workloads/float8.py)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
@@ -216,6 +219,7 @@ def build_gpt(
     with torch.device(device):
         model = GPT(cfg)
     params_count = _count(model)
+    float8 = fp8.convert(model, speed.float8, device, speed.compile_mode)
     gpt = model  # regional compilation compiles its blocks in place, also under a wrapper
     if wrap is not None:
         model = wrap(model)
@@ -262,6 +266,7 @@ def build_gpt(
         forward_flops=forward_flops,
         flops_per_step=flops.step_flops(forward_flops, mode),
         optimizer_bytes_per_step=optimizer_bytes_per_step(optimizer),
+        float8=float8,
     )
 
 
@@ -502,6 +507,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     params_count = _count(model)
     counted = count_step_flops(model, inputs, targets, parts.loss, options.mode, run.dtype,
                                device)
+    float8 = fp8.convert(model, speed.float8, device, speed.compile_mode)  # before the hooks
     depth = module_depth(model, structure, options.module_depth)
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
@@ -569,6 +575,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
         structure=structure,
         module_paths=ranges.paths if ranges else None,
         module_depth=depth,
+        float8=float8,
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workloads.float8 import Recipe, option
+
 # n_layers of each size (workloads/gpt.py: SIZES), for the estimates below without torch.
 LAYERS = {"tiny": 2, "small": 12, "medium": 24, "large": 36, "xl": 48, "2.7B": 32}
 # size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
@@ -70,6 +72,7 @@ class Options:
                 "block is one nested compile region, compiled once for every layer; "
                 "regional = each layer's block compiled on its own, the layer loop eager "
                 "(its kernels get no layer in the kernel map; docs/workloads.md)"})
+    float8: Recipe = option()
 
 
 def build(options: Options, run: Any) -> Any:
