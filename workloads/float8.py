@@ -67,23 +67,21 @@ def capability_refusal(name: str, capability: tuple[int, int]) -> str | None:
     )
 
 
-def refusal(recipe: str, device: Any, compile_mode: str) -> str | None:
-    """Why this run cannot train in FP8 (an ``unsupported`` row's message), or None."""
+def refusal(
+    recipe: str, device_type: str, compile_mode: str, gpu: tuple[str, tuple[int, int]] | None
+) -> str | None:
+    """Why this run cannot train in FP8 (an ``unsupported`` row's message), or None. ``gpu``:
+    the CUDA device's name and compute capability (None off CUDA)."""
     if recipe == "none":
         return None
     if recipe not in RECIPES:
         return f"float8: unknown recipe {recipe!r}; expected one of {list(RECIPES)}"
-    if getattr(device, "type", device) != "cuda":
+    if device_type != "cuda" or gpu is None:
         return (
             f"float8 needs a CUDA GPU with FP8 tensor cores (compute capability "
-            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+); this run is on the "
-            f"{getattr(device, 'type', device)}"
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}+); this run is on the {device_type}"
         )
-    import torch
-
-    reason = capability_refusal(
-        torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
-    )
+    reason = capability_refusal(*gpu)
     if reason is not None:
         return reason
     if compile_mode == "off":
@@ -125,9 +123,24 @@ def convert(model: Any, recipe: str, device: Any, compile_mode: str) -> dict[str
 
     if recipe == "none":
         return None
-    reason = refusal(recipe, device, compile_mode)
+    gpu = None
+    if device.type == "cuda":
+        import torch
+
+        gpu = (torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    reason = refusal(recipe, device.type, compile_mode, gpu)
     if reason is not None:
         raise Unsupported(reason)
+    return swap_linears(model, recipe)
+
+
+def swap_linears(model: Any, recipe: str) -> dict[str, Any]:
+    """torchao's conversion of the qualifying Linear layers of ``model`` (in place), without
+    the device checks (it runs on any device; a GEMM needs FP8 tensor cores). Returns the
+    record's ``float8`` entry; raises Unsupported when torchao is missing or no layer
+    qualifies."""
+    from workloads.status import Unsupported
+
     try:
         import torchao
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -142,8 +155,6 @@ def convert(model: Any, recipe: str, device: Any, compile_mode: str) -> dict[str
     converted: list[str] = []
 
     def keep_or_convert(module: nn.Module, path: str) -> bool:
-        if not isinstance(module, nn.Linear):
-            return True  # a container: torchao descends into it
         why = qualifies(module, path, head)
         if why is None:
             converted.append(path)
