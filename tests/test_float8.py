@@ -26,11 +26,30 @@ from workloads.provenance import config_hash
 from workloads.status import Unsupported
 
 REPO = Path(__file__).resolve().parent.parent
-GPT_TINY = {"workload": "gpt", "size": "tiny", "mode": "train", "context": 32, "batch": 2,
-            "vocab": 256, "dtype": "bf16", "compile": "default"}
-MODEL_TINY = {"workload": "model", "factory": "workloads.models.cs336_lm:make", "mode": "train",
-              "kwargs": {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4,
-                         "vocab_size": 128, "context_length": 32}, "batch": 2}
+GPT_TINY = {
+    "workload": "gpt",
+    "size": "tiny",
+    "mode": "train",
+    "context": 32,
+    "batch": 2,
+    "vocab": 256,
+    "dtype": "bf16",
+    "compile": "default",
+}
+MODEL_TINY = {
+    "workload": "model",
+    "factory": "workloads.models.cs336_lm:make",
+    "mode": "train",
+    "kwargs": {
+        "d_model": 64,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 128,
+        "context_length": 32,
+    },
+    "batch": 2,
+}
 
 
 def plan(runs: dict[str, dict[str, Any]]) -> config.Plan:
@@ -41,9 +60,11 @@ def plan(runs: dict[str, dict[str, Any]]) -> config.Plan:
 
 
 def test_both_workloads_take_the_recipes() -> None:
-    runs = {f"{w}_{r}": {**base, "float8": r} for w, base in (("gpt", GPT_TINY),
-                                                               ("model", MODEL_TINY))
-            for r in ("none", "tensorwise", "rowwise")}
+    runs = {
+        f"{w}_{r}": {**base, "float8": r}
+        for w, base in (("gpt", GPT_TINY), ("model", MODEL_TINY))
+        for r in ("none", "tensorwise", "rowwise")
+    }
     resolved = plan(runs).runs
     assert resolved["gpt_rowwise"]["float8"] == "rowwise"
     assert "--float8 tensorwise" in config.workload_args(resolved["model_tensorwise"])
@@ -70,8 +91,10 @@ def hashes(params: dict[str, Any]) -> tuple[str, str]:
 def test_off_keeps_the_config_hash_and_a_recipe_changes_it() -> None:
     """float8: none is every run before the knob (its config hash is unchanged: the shipped
     configs' hashes are checked in test_workload_registry.py); a recipe is a new config."""
-    off, explicit_off, fp8 = (hashes({**GPT_TINY, **extra}) for extra in (
-        {}, {"float8": "none"}, {"float8": "tensorwise"}))
+    off, explicit_off, fp8 = (
+        hashes({**GPT_TINY, **extra})
+        for extra in ({}, {"float8": "none"}, {"float8": "tensorwise"})
+    )
     assert off == explicit_off
     assert fp8[0] != off[0]
     assert hashes({**GPT_TINY, "float8": "rowwise"})[0] not in (off[0], fp8[0])
@@ -84,8 +107,11 @@ def test_a_gpu_without_fp8_tensor_cores_is_named_with_its_capability() -> None:
     reason = capability_refusal("NVIDIA A100-SXM4-80GB", (8, 0))
     assert "NVIDIA A100-SXM4-80GB has compute capability 8.0" in reason
     assert "8.9 or higher" in reason
-    for name, capability in (("NVIDIA L4", (8, 9)), ("NVIDIA H200", (9, 0)),
-                             ("NVIDIA B200", (10, 0))):
+    for name, capability in (
+        ("NVIDIA L4", (8, 9)),
+        ("NVIDIA H200", (9, 0)),
+        ("NVIDIA B200", (10, 0)),
+    ):
         assert capability_refusal(name, capability) is None
 
 
@@ -93,8 +119,9 @@ def test_refusals_in_order() -> None:
     h200 = ("NVIDIA H200", (9, 0))
     assert refusal("none", "cpu", "off", None) is None
     assert "this run is on the cpu" in refusal("tensorwise", "cpu", "default", None)
-    assert "compute capability 7.0" in refusal("rowwise", "cuda", "default",
-                                               ("Tesla V100-SXM2-16GB", (7, 0)))
+    assert "compute capability 7.0" in refusal(
+        "rowwise", "cuda", "default", ("Tesla V100-SXM2-16GB", (7, 0))
+    )
     assert "needs compile" in refusal("tensorwise", "cuda", "off", h200)
     for compile_mode in ("default", "max-autotune-no-cudagraphs", "reduce-overhead"):
         assert refusal("rowwise", "cuda", compile_mode, h200) is None
@@ -103,17 +130,34 @@ def test_refusals_in_order() -> None:
 def run_as_the_pipeline_does(params: dict[str, Any], out: Path) -> tuple[int, dict[str, Any]]:
     """The run's `python -m workloads` command line, as a timing job runs it."""
     args = config.workload_args(plan({"x": params}).runs["x"])
-    done = subprocess.run([sys.executable, "-m", "workloads", *shlex.split(args), "--out",
-                           str(out), "--warmup", "0", "--steps", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workloads",
+            *shlex.split(args),
+            "--out",
+            str(out),
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return done.returncode, json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("params", [GPT_TINY, MODEL_TINY], ids=["gpt", "model"])
-def test_the_cpu_run_is_an_unsupported_row_that_says_why(params: dict[str, Any],
-                                                         tmp_path: Path) -> None:
-    code, record = run_as_the_pipeline_does({**params, "float8": "tensorwise"},
-                                            tmp_path / "r0.json")
+def test_the_cpu_run_is_an_unsupported_row_that_says_why(
+    params: dict[str, Any], tmp_path: Path
+) -> None:
+    code, record = run_as_the_pipeline_does(
+        {**params, "float8": "tensorwise"}, tmp_path / "r0.json"
+    )
     assert code == 4, record["message"]  # workloads/contract.py: unsupported
     assert record["status"] == "unsupported"
     assert "float8 needs a CUDA GPU with FP8 tensor cores" in record["message"]
@@ -140,14 +184,17 @@ def test_the_gpt_converts_every_block_linear_and_keeps_the_lm_head(recipe: str) 
     assert record["converted"] == len(blocks) == 7 * 2  # q, k, v, out, w1, w2, w3 per layer
     assert record["kept"] == {"output layer": ["lm_head"]}
     assert type(model.lm_head) is nn.Linear
-    assert {m.config.cast_config_input.scaling_granularity.value
-            for m in model.modules() if isinstance(m, Float8Linear)} == (
-        {"tensorwise"} if recipe == "tensorwise" else {"axiswise"})
+    assert {
+        m.config.cast_config_input.scaling_granularity.value
+        for m in model.modules()
+        if isinstance(m, Float8Linear)
+    } == ({"tensorwise"} if recipe == "tensorwise" else {"axiswise"})
 
 
 def test_layers_whose_dims_the_tensor_cores_cannot_take_stay() -> None:
-    model = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 40), nn.Linear(40, 64),
-                          nn.Linear(64, 10))
+    model = nn.Sequential(
+        nn.Linear(64, 48), nn.Linear(48, 40), nn.Linear(40, 64), nn.Linear(64, 10)
+    )
     record = swap_linears(model, "tensorwise")
     assert output_layer(model) == "3"
     assert record["converted"] == 1
@@ -263,6 +310,8 @@ def test_by_the_kernel_maps_aten_ops() -> None:
     """With the kernel map's ATen ops (a compiled capture), the ops decide, not the name."""
     cast = ["aten.abs", "aten.amax", "aten.clamp", "aten.reciprocal", "prims.convert_element_type"]
     assert categorize_op("triton_per_fused_0", "forward_pass", cast) == "FP8Cast"
-    assert categorize_op("triton_tem_fused__scaled_mm_0", "forward_pass",
-                         ["aten._scaled_mm"]) == "FP8GEMM"
+    assert (
+        categorize_op("triton_tem_fused__scaled_mm_0", "forward_pass", ["aten._scaled_mm"])
+        == "FP8GEMM"
+    )
     assert categorize_op("triton_tem_fused_mm_0", "forward_pass", ["aten.mm"]) == "GEMM"
