@@ -153,11 +153,13 @@ def swap_linears(model: Any, recipe: str) -> dict[str, Any]:
     head = output_layer(model)
     kept: dict[str, list[str]] = {}
     converted: list[str] = []
+    shapes: set[tuple[int, int]] = set()  # (in, out) features: each GEMM's K and N
 
     def keep_or_convert(module: nn.Module, path: str) -> bool:
         why = qualifies(module, path, head)
         if why is None:
             converted.append(path)
+            shapes.add((module.in_features, module.out_features))
         else:
             kept.setdefault(why, []).append(path)
         return why is None
@@ -175,5 +177,6 @@ def swap_linears(model: Any, recipe: str) -> dict[str, Any]:
         "recipe": recipe,
         "torchao": torchao.__version__,
         "converted": len(converted),
+        "shapes": sorted(shapes),
         "kept": kept,
     }
