@@ -245,6 +245,43 @@ def test_an_fp8_step_trains_as_bf16_does(recipe: str) -> None:
     assert abs(fp8 / bf16 - 1) < 0.02, (fp8, bf16)
 
 
+def test_the_plain_script_times_bf16_and_fp8_with_their_losses(tmp_path: Path) -> None:
+    """benchmarks/fp8_plain.py on the CPU: each recipe timed, converted and trained alike."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import fp8_plain
+
+    out = tmp_path / "plain.json"
+    result = fp8_plain.main(
+        [
+            "--size",
+            "tiny",
+            "--batch",
+            "2",
+            "--context",
+            "32",
+            "--vocab",
+            "256",
+            "--device",
+            "cpu",
+            "--compile",
+            "off",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--recipes",
+            "bf16,rowwise",
+            "--out",
+            str(out),
+        ]
+    )
+    assert json.loads(out.read_text()) == result
+    bf16, fp8 = result["recipes"]["bf16"], result["recipes"]["rowwise"]
+    assert bf16["converted_linears"] == 0 and fp8["converted_linears"] == 7 * 2
+    assert len(fp8["losses"]) == 2 and fp8["step_ms"] > 0
+    assert abs(fp8["losses"][-1] / bf16["losses"][-1] - 1) < 0.02
+
+
 # --- FP8 kernel categories ------------------------------------------------------------------
 
 # Kernel names of real captures of torchao float8 training: Inductor's Triton kernels around
