@@ -76,6 +76,29 @@ def test_an_unknown_recipe_is_named_at_its_key(value: Any) -> None:
         plan({"x": {**GPT_TINY, "float8": value}})
 
 
+def test_the_options_spell_out_the_recipes_torchao_is_asked_for() -> None:
+    import typing
+
+    from workloads import float8
+    from workloads.models import registry
+
+    for workload in ("gpt", "model"):
+        hints = typing.get_type_hints(registry()[workload].Options)
+        assert typing.get_args(hints["float8"]) == float8.RECIPES
+
+
+def test_the_shipped_fp8_config_plans_its_ladders_sweep_and_comparisons() -> None:
+    plan = config.load(REPO / "config" / "fp8.yaml")
+    assert {p["float8"] for p in plan.runs.values() if "float8" in p} == {
+        "none",
+        "tensorwise",
+        "rowwise",
+    }
+    sweep = {n: p for n, p in plan.runs.items() if n.startswith("fp8_sweep_2.7B_")}
+    assert sorted({p["batch"] for p in sweep.values()}) == [8, 16, 32]
+    assert {"fp8_2.7B_b8", "gpt_fp8_2.7B_1_fp8_tensorwise_vs_prev"} <= set(plan.comparisons)
+
+
 def test_attention_workloads_do_not_take_it() -> None:
     attention = {"workload": "attention", "impl": "naive", "batch": 2, "seq": 8, "embed": 16}
     with pytest.raises(config.ConfigError, match="unknown parameter 'float8'"):
