@@ -146,8 +146,10 @@ def test_refusals_in_order() -> None:
         "rowwise", "cuda", "default", ("Tesla V100-SXM2-16GB", (7, 0))
     )
     assert "needs compile" in refusal("tensorwise", "cuda", "off", h200)
+    assert "compile_blocks: once" in refusal("tensorwise", "cuda", "default", h200, "once")
     for compile_mode in ("default", "max-autotune-no-cudagraphs", "reduce-overhead"):
-        assert refusal("rowwise", "cuda", compile_mode, h200) is None
+        for blocks in ("each", "regional"):
+            assert refusal("rowwise", "cuda", compile_mode, h200, blocks) is None
 
 
 def run_as_the_pipeline_does(params: dict[str, Any], out: Path) -> tuple[int, dict[str, Any]]:
@@ -303,6 +305,35 @@ def test_the_plain_script_times_bf16_and_fp8_with_their_losses(tmp_path: Path) -
     assert bf16["converted_linears"] == 0 and fp8["converted_linears"] == 7 * 2
     assert len(fp8["losses"]) == 2 and fp8["step_ms"] > 0
     assert abs(fp8["losses"][-1] / bf16["losses"][-1] - 1) < 0.02
+
+
+def test_compiled_fp8_layers_compose_with_master_weights() -> None:
+    """What a compiled FP8 rung on top of master weights runs: each block compiled on its own
+    (compile_blocks: regional), the flat master-weight AdamW on the FP8 layers' bf16 weight
+    copies; it trains as bf16 does."""
+    from workloads.optim import build_optimizer
+    from workloads.steps import compile_regions
+
+    model = tiny_gpt()
+    swap_linears(model, "tensorwise")
+    optimizer = build_optimizer(
+        "adamw_master",
+        model,
+        lr=1e-3,
+        low_precision=torch.bfloat16,
+        compile_mode="default",
+        capturable=False,
+    )
+    compile_regions(model, "default")
+    generator = torch.Generator().manual_seed(0)
+    tokens, targets = (torch.randint(0, 256, (2, 32), generator=generator) for _ in range(2))
+    for _ in range(3):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        optimizer.step()
+    assert abs(loss.item() / loss_after(tiny_gpt(), 2) - 1) < 0.02
 
 
 # --- FP8 kernel categories ------------------------------------------------------------------

@@ -16,16 +16,19 @@ by 16 (the FP8 tensor cores' requirement), and not the model's output layer (the
 the LM head: its logits feed the loss, and torchao's example keeps it in high precision).
 
 Refused as an ``unsupported`` row, with the reason (:func:`refusal`): no CUDA device, a GPU
-below compute capability 8.9 (no FP8 tensor cores: named with its capability), and a run
-without ``compile`` (eager FP8 pays a separate amax, scale and cast kernel for every operand of
-every GEMM: torchao's recipes assume torch.compile). What composes, read from torchao 0.18's
-code: every ``dtype`` (under bf16/fp16 autocast the layer casts its input to the autocast
-dtype; fp32 and fp16 outputs of the row-wise GEMM are computed in bf16 and cast back), the
-whole-step CUDA graph (dynamic scaling keeps amax and scale on the device, no host sync), the
-master-weight AdamW (the layers keep ``weight`` as a Parameter, which the optimizer rebinds to
-its bf16 copy, cast to FP8 in the forward) and DDP/FSDP2 (converted before wrapping, as
-torchao's docs do; the weights are all-gathered in their own dtype). A model with no
-qualifying layer is refused too: FP8 would change nothing.
+below compute capability 8.9 (no FP8 tensor cores: named with its capability), a run without
+``compile`` (eager FP8 pays a separate amax, scale and cast kernel for every operand of every
+GEMM: torchao's recipes assume torch.compile), ``compile_blocks: once`` (the nested compile
+region cannot take torchao's FP8 tensors: Inductor fails, measured on torch 2.13), and a model
+with no qualifying layer (FP8 would change nothing).
+
+What composes: ``compile_blocks`` each and regional, and the master-weight AdamW (its bf16
+weight copies are the layers' ``weight`` Parameters, cast to FP8 in the forward), measured on
+the CPU (tests/test_float8.py steps regional with it); read from torchao 0.18's code: every ``dtype`` (under bf16/fp16
+autocast the layer casts its input to the autocast dtype; fp32 and fp16 outputs of the
+row-wise GEMM are computed in bf16 and cast back), the whole-step CUDA graph (dynamic scaling
+keeps amax and scale on the device, no host sync) and DDP/FSDP2 (converted before wrapping,
+as torchao's docs do; the weights are all-gathered in their own dtype).
 
 Nothing here imports torch or torchao at import time: the pipeline reads the option's schema.
 """
@@ -68,7 +71,11 @@ def capability_refusal(name: str, capability: tuple[int, int]) -> str | None:
 
 
 def refusal(
-    recipe: str, device_type: str, compile_mode: str, gpu: tuple[str, tuple[int, int]] | None
+    recipe: str,
+    device_type: str,
+    compile_mode: str,
+    gpu: tuple[str, tuple[int, int]] | None,
+    compile_blocks: str = "each",
 ) -> str | None:
     """Why this run cannot train in FP8 (an ``unsupported`` row's message), or None. ``gpu``:
     the CUDA device's name and compute capability (None off CUDA)."""
@@ -89,6 +96,12 @@ def refusal(
             "float8 needs compile (e.g. compile: default): torchao's FP8 recipes rely on "
             "torch.compile to fuse the amax, scale and cast kernels around each FP8 GEMM; "
             "eager, each is a kernel of its own for every operand"
+        )
+    if compile_blocks == "once":
+        return (
+            "float8 does not compose with compile_blocks: once: torch.compile's nested compile "
+            "region cannot take torchao's FP8 tensors (Inductor: 'attempting to run "
+            "aten.to.dtype, this is not supported'); use compile_blocks: each or regional"
         )
     return None
 
@@ -114,13 +127,14 @@ def output_layer(model: Any) -> str | None:
     return last
 
 
-def convert(model: Any, recipe: str, device: Any, compile_mode: str) -> dict[str, Any] | None:
+def convert(model: Any, speed: Any, device: Any) -> dict[str, Any] | None:
     """Swap the qualifying Linear layers of ``model`` (in place) for torchao's Float8Linear with
-    ``recipe``; before the optimizer, DDP/FSDP and compile see the model. Returns the record's
-    ``float8`` entry (None for ``none``); raises Unsupported with the reason when the run
-    cannot train in FP8."""
+    the recipe ``speed.float8`` (workloads.steps.Speed); before the optimizer, DDP/FSDP and
+    compile see the model. Returns the record's ``float8`` entry (None for ``none``); raises
+    Unsupported with the reason when the run cannot train in FP8."""
     from workloads.status import Unsupported
 
+    recipe = speed.float8
     if recipe == "none":
         return None
     gpu = None
@@ -128,7 +142,7 @@ def convert(model: Any, recipe: str, device: Any, compile_mode: str) -> dict[str
         import torch
 
         gpu = (torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
-    reason = refusal(recipe, device.type, compile_mode, gpu)
+    reason = refusal(recipe, device.type, speed.compile_mode, gpu, speed.compile_blocks)
     if reason is not None:
         raise Unsupported(reason)
     return swap_linears(model, recipe)

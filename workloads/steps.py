@@ -219,7 +219,7 @@ def build_gpt(
     with torch.device(device):
         model = GPT(cfg)
     params_count = _count(model)
-    float8 = fp8.convert(model, speed.float8, device, speed.compile_mode)
+    float8 = fp8.convert(model, speed, device)
     gpt = model  # regional compilation compiles its blocks in place, also under a wrapper
     if wrap is not None:
         model = wrap(model)
@@ -507,7 +507,7 @@ def build_model_step(options: Any, run: Any, factory: Callable[..., Any]) -> Wor
     params_count = _count(model)
     counted = count_step_flops(model, inputs, targets, parts.loss, options.mode, run.dtype,
                                device)
-    float8 = fp8.convert(model, speed.float8, device, speed.compile_mode)  # before the hooks
+    float8 = fp8.convert(model, speed, device)  # before the hooks
     depth = module_depth(model, structure, options.module_depth)
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
