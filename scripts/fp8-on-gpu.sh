@@ -2,8 +2,8 @@
 # FP8 on one Hopper GPU, in one call: torchao's plain recipe (benchmarks/fp8_plain.py) on the
 # CS336 GPT 2.7B, then config/fp8.yaml through the pipeline (scripts/run-on-host.sh), the
 # 2.7B runs first (the batch-4 ladder and the batch sweep), then the GPT small and GPT-2
-# ladders while time is left. Everything lands in ARCHIVE_DIR (default $OUT): fp8_plain.json
-# and the pipeline's results.tgz; a second call with RESUME_DIR=<that folder> runs only what
+# ladders while time is left. Everything lands in ARCHIVE_DIR (default $OUT): fp8_plain.json,
+# the pipeline's results.tgz and fp8_vs_plain.json (benchmarks/fp8_vs_plain.py); a second call with RESUME_DIR=<that folder> runs only what
 # is missing.
 #
 #   ARCHIVE_DIR=$OUT bash scripts/fp8-on-gpu.sh [TIME_LIMIT_S]     # default 480
@@ -56,4 +56,7 @@ for selection in "big gpt_fp8_2.7B_* fp8_sweep_*" "small gpt_fp8_small_* gpt2_fp
   config=$(part $selection)
   ARCHIVE_DIR=$out RESUME_DIR=$out bash scripts/run-on-host.sh "$config" "$left"
 done
+# Acceptance: each 2.7B rung against the plain recipe (within 5%), FP8 losses against bf16's
+python3 benchmarks/fp8_vs_plain.py --results results/fp8 --plain "$out/fp8_plain.json" \
+  --out "$out/fp8_vs_plain.json"
 echo "total: $(( $(date +%s) - start )) s"
