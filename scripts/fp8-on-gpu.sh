@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # FP8 on one Hopper GPU, in one call: torchao's plain recipe (benchmarks/fp8_plain.py) on the
 # CS336 GPT 2.7B, then config/fp8.yaml through the pipeline (scripts/run-on-host.sh), the
-# 2.7B runs first (the batch-4 ladder and the batch sweep), then the GPT small and GPT-2
-# ladders while time is left. Everything lands in ARCHIVE_DIR (default $OUT): fp8_plain.json,
+# 2.7B runs first (the batch-4 ladder, the sweep's batches 16 and 32), then the sweep's batch
+# 8 and the GPT small and GPT-2 ladders while time is left. Everything lands in ARCHIVE_DIR (default $OUT): fp8_plain.json,
 # the pipeline's results.tgz and fp8_vs_plain.json (benchmarks/fp8_vs_plain.py); a second call with RESUME_DIR=<that folder> runs only what
 # is missing.
 #
@@ -34,10 +34,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 # The plain recipe: bf16, tensorwise, rowwise on one seed, each block compiled on its own as
 # the pipeline's runs (compile_blocks: regional).
 python3 benchmarks/fp8_plain.py --size 2.7B --batch 4 --context 512 --compile regional \
-  --warmup 3 --steps 10 --out "$out/fp8_plain.json" 2>&1 \
+  --warmup 3 --steps 8 --out "$out/fp8_plain.json" 2>&1 \
   | grep -v "Failed to load\|register_constant\|_pytree"
 echo "plain script: $(( $(date +%s) - start )) s"
-# The pipeline in two selections of config/fp8.yaml, the 2.7B first; both write results/fp8.
+# The pipeline in two selections of config/fp8.yaml; both write results/fp8.
 part() {  # part NAME PATTERN...: the config with `select` set, for run-on-host.sh
   python3 - "$@" <<'EOF'
 import sys, yaml
@@ -49,7 +49,8 @@ EOF
   echo "/tmp/profbench-fp8-$1.yaml"
 }
 set -f  # the patterns are for Snakemake, not the shell
-for selection in "big gpt_fp8_2.7B_* fp8_sweep_*" "small gpt_fp8_small_* gpt2_fp8_*"; do
+for selection in "big gpt_fp8_2.7B_* fp8_sweep_2.7B_b16_* fp8_sweep_2.7B_b32_*" \
+  "rest fp8_sweep_2.7B_b8_* gpt_fp8_small_* gpt2_fp8_*"; do
   left=$(( limit - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "no time left for: $selection"; break; fi
   # shellcheck disable=SC2086 # the selection's words are its name and patterns
