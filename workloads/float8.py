@@ -24,11 +24,12 @@ with no qualifying layer (FP8 would change nothing).
 
 What composes: ``compile_blocks`` each and regional, and the master-weight AdamW (its bf16
 weight copies are the layers' ``weight`` Parameters, cast to FP8 in the forward), measured on
-the CPU (tests/test_float8.py steps regional with it); read from torchao 0.18's code: every ``dtype`` (under bf16/fp16
-autocast the layer casts its input to the autocast dtype; fp32 and fp16 outputs of the
-row-wise GEMM are computed in bf16 and cast back), the whole-step CUDA graph (dynamic scaling
-keeps amax and scale on the device, no host sync) and DDP/FSDP2 (converted before wrapping,
-as torchao's docs do; the weights are all-gathered in their own dtype).
+the CPU (tests/test_float8.py steps regional with it). Read from torchao 0.18's code: every
+``dtype`` (under bf16/fp16 autocast the layer casts its input to the autocast dtype; fp32 and
+fp16 outputs of the row-wise GEMM are computed in bf16 and cast back), the whole-step CUDA
+graph (dynamic scaling keeps amax and scale on the device, no host sync) and DDP/FSDP2
+(converted before wrapping, as torchao's docs do; the weights are all-gathered in their own
+dtype).
 
 Nothing here imports torch or torchao at import time: the pipeline reads the option's schema.
 """
