@@ -3,8 +3,9 @@
 # CS336 GPT 2.7B, then config/fp8.yaml through the pipeline (scripts/run-on-host.sh), the
 # 2.7B runs first (the batch-4 ladder, the sweep's batches 16 and 32), then the sweep's batch
 # 8 and the GPT small and GPT-2 ladders while time is left. Everything lands in ARCHIVE_DIR
-# (default $OUT): fp8_plain.json, the pipeline's results.tgz and fp8_vs_plain.json (benchmarks/fp8_vs_plain.py); a second
-# call with RESUME_DIR=<that folder> runs only what is missing.
+# (default $OUT): fp8_plain.json, the pipeline's results.tgz and fp8_vs_plain.json
+# (benchmarks/fp8_vs_plain.py); a second call with RESUME_DIR=<that folder> runs only what is
+# missing.
 #
 #   ARCHIVE_DIR=$OUT bash scripts/fp8-on-gpu.sh [TIME_LIMIT_S]     # default 480
 #
