@@ -181,7 +181,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
 # compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
 NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
     ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"), ("comm", "on"),
-    ("straggle_ms", 0.0), ("straggle_rank", 0), ("checkpoint", "none"))}
+    ("straggle_ms", 0.0), ("straggle_rank", 0), ("checkpoint", "none"), ("float8", "none"))}
 
 
 def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -290,6 +290,8 @@ class Record:
             self.result["module_paths"] = workload.module_paths
         if workload.module_depth is not None:
             self.result["module_depth"] = workload.module_depth
+        if workload.float8 is not None:
+            self.result["float8"] = workload.float8
 
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
@@ -321,6 +323,7 @@ def _speed(args: argparse.Namespace) -> Speed:
         optimizer=getattr(args, "optimizer", "adamw_foreach"),
         cuda_graph=args.cuda_graph,
         compile_blocks=getattr(args, "compile_blocks", "each"),
+        float8=getattr(args, "float8", "none"),
     )
 
 

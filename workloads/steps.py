@@ -47,6 +47,7 @@ class Workload:
     # the module paths with NVTX ranges (a capture of a model workload), for the record
     module_paths: list[str] | None = None
     module_depth: int | None = None  # the depth they go to (the analysis cuts compiled paths)
+    float8: dict[str, Any] | None = None  # the FP8 conversion (workloads/float8.py), for the record
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Speed:
     cuda_graph: str = "off"
     # the models' layers compiled as one graph, once for all, or each alone (models/builder.py)
     compile_blocks: str = "each"
+    float8: str = "none"  # FP8 training recipe of the Linear layers (workloads/float8.py)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:

@@ -8,6 +8,19 @@ ATen ops fused into it: from the kernel map's ``Original ATen`` list when the ru
 else from its name, ``triton_{poi,red,per,tem,for}_fused_<ops>_<n>``.  Per launched op
 (:func:`categorize_op`), the phase counts too: every non-GEMM kernel launched in
 ``optimizer_step`` is Optimizer.  See docs/analysis.md.
+
+FP8 training (run key ``float8``, torchao) gets two categories of its own. ``FP8GEMM``: GEMMs
+on FP8 operands, by name: cuBLAS's ``sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_...`` (forward) and
+``..._e4m3e5m2bf16_...`` (gradients in e5m2), cuBLASLt's ``nvjet_sm90_qqtst_...`` (``qq``:
+two FP8 operands; a bf16 one is ``nvjet_sm90_tst_...``), CUTLASS's row-wise kernel (its
+template names ``float_e4m3_t``), and an Inductor GEMM template over ``_scaled_mm``.
+``FP8Cast``: the scaling around them, torchao's dynamic scales as Inductor compiles them: the
+amax reduction (``abs`` and ``max`` in one reduction, e.g. ``triton_red_fused_abs_max_0``) and
+the scale-and-cast (``clamp`` to the FP8 range with the scale's ``reciprocal``, or feeding
+``_scaled_mm``: ``triton_poi_fused__scaled_mm__to_copy_clamp_mul_reciprocal_t_view_4``), and
+eager kernels on ``c10::Float8_e4m3fn``/``Float8_e5m2`` tensors. Inductor fuses a cast into
+its producer (an activation, an addition): such a kernel counts whole as FP8Cast, so the
+category's time bounds the casts' cost from above.
 """
 
 from __future__ import annotations
@@ -25,6 +38,9 @@ CATEGORIES: tuple[str, ...] = (
     "Reduction",
     "Elementwise",
     "Other",
+    # last, so the categories before keep their colours (analysis/outputs/style.py)
+    "FP8GEMM",
+    "FP8Cast",
 )
 
 # (category, pattern) in priority order.  Attention before GEMM: flash/fmha kernels are
@@ -48,12 +64,21 @@ _CATEGORY_RULES: tuple[tuple[str, str], ...] = (
         r"multi_tensor|multitensor|\badam|adamw|fused_adam|\bsgd\b|sgd_|lamb_|_lamb\b|"
         r"fused_optim|optimizer|foreach",
     ),
+    # before GEMM: an FP8 GEMM is a GEMM (and a CUTLASS one) whose operands are e4m3/e5m2
+    (
+        "FP8GEMM",
+        r"nvjet_(?:sm\d+_)?qq|"
+        r"(?:gemm|xmma|cutlass|matmul|wgmma|scaled_mm).*(?:e4m3|e5m2|float8|fp8|f8f8)|"
+        r"(?:e4m3|e5m2|float8|fp8|f8f8).*(?:gemm|xmma|cutlass|matmul|wgmma|scaled_mm)",
+    ),
     (
         "GEMM",
         r"gemm|gemv|xmma|nvjet|cutlass|cublas|matmul|wgmma|hmma|\bmma_|"
         r"s\d{3,5}gemm|h\d{3,5}gemm|implicit_gemm|conv(?!ert)|fprop|dgrad|wgrad|"
         r"dot_kernel|splitk",
     ),
+    # eager casts to or from FP8 (PyTorch's elementwise kernels on its float8 types)
+    ("FP8Cast", r"float8_e4m3|float8_e5m2"),
     (
         "CopyMemset",
         r"copy|memcpy|memset|fill|cat_?array|catarray|transpose|permute|"
@@ -146,12 +171,29 @@ def _split_into(fused: str, vocabulary: frozenset[str]) -> list[str] | None:
     return ops[::-1]
 
 
+def is_fp8_scaling(kind: str, ops: frozenset[str]) -> bool:
+    """Whether a fused (non-template) Triton kernel computes FP8 scales or casts: an amax
+    (abs and max reduced together), or a clamp to the FP8 range with the scale's reciprocal
+    or feeding ``_scaled_mm`` (torchao's dynamic scaling, see the module docstring)."""
+    if kind == "tem":
+        return False
+    # a name's words lose the op's leading "_": `_scaled_mm` reads as "scaled", "mm"
+    scaled_mm = "_scaled_mm" in ops or {"scaled", "mm"} <= ops
+    amax = "abs" in ops and bool(ops & {"max", "amax"}) and kind in ("red", "per")
+    cast = "clamp" in ops and bool(ops & {"reciprocal", "abs"})
+    return amax or cast or scaled_mm
+
+
 def categorize_ops(kind: str, ops: frozenset[str], name: str = "") -> str:
     """Category of a kernel from the ops fused into it (see the module docstring)."""
     if kind == "tem":
-        return "Attention" if "attention" in name else "GEMM"
+        if "attention" in name:
+            return "Attention"
+        return "FP8GEMM" if "_scaled_mm" in ops or "scaled_mm" in name else "GEMM"
     if any("attention" in op or "sdpa" in op for op in ops):
         return "Attention"
+    if is_fp8_scaling(kind, ops):
+        return "FP8Cast"
     if ops & _GEMM_OPS:
         return "GEMM"
     if any("softmax" in op for op in ops):
@@ -184,7 +226,7 @@ def categorize_op(name: str | None, phase: str | None = None,
         if category == "Other" and aten_ops:
             ops = frozenset(op.split(".")[1] if "." in op else op for op in aten_ops)
             category = categorize_ops("", ops)
-    if phase == OPTIMIZER_PHASE and category not in ("GEMM", "Communication"):
+    if phase == OPTIMIZER_PHASE and category not in ("GEMM", "FP8GEMM", "Communication"):
         return "Optimizer"
     if phase is not None and phase != OPTIMIZER_PHASE and category == "Optimizer":
         return "Elementwise"

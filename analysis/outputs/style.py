@@ -48,7 +48,7 @@ def palette_colors(names: list[str]) -> dict[str, str]:
 
 
 # -- kernel categories: fixed order of CATEGORIES, so a color never moves between runs ----
-_CATEGORY_PALETTE = PALETTE
+_CATEGORY_PALETTE = (*PALETTE, "#2F4B7C", "#E8A33D")  # + FP8GEMM (navy), FP8Cast (amber)
 CATEGORY_COLORS: dict[str, str] = dict(zip(CATEGORIES, _CATEGORY_PALETTE, strict=True))
 
 # -- attention implementations (workloads/attention.py): impl, or sdpa:<backend> -----------

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads import flops, module_ranges
+from workloads import float8 as fp8
 from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
 from workloads.models import RunSettings
@@ -109,6 +110,7 @@ def build_step(settings: StepSettings, run: Any, make_parts: Callable[[], ModelP
     params_count = _count(model)
     counted = counted_flops() if counted_flops is not None else count_step_flops(
         model, inputs, targets, parts.loss, settings.mode, run.dtype, device)
+    float8 = fp8.convert(model, speed, device)  # before the hooks, checkpointing and compile
     depth = module_depth(model, structure, settings.module_depth)
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
@@ -167,6 +169,7 @@ def build_step(settings: StepSettings, run: Any, make_parts: Callable[[], ModelP
         structure=structure,
         module_paths=ranges.paths if ranges else None,
         module_depth=depth,
+        float8=float8,
     )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workloads.float8 import Recipe, option
+
 # n_layers of each size (workloads/gpt.py: SIZES), for the estimates below without torch.
 LAYERS = {"tiny": 2, "small": 12, "medium": 24, "large": 36, "xl": 48, "2.7B": 32}
 # size -> (host MB, minutes for the default 5 warm-up + 10 measured steps, forward).
@@ -76,6 +78,7 @@ class Options:
         "help": "activation checkpointing: layers = each block keeps only its input and runs "
                 "its forward again in backward (torch.utils.checkpoint, non-reentrant), "
                 "trading step time for activation memory"})
+    float8: Recipe = option()
 
 
 def build(options: Options, run: Any) -> Any:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workloads import factory_check
+from workloads.float8 import Recipe
 from workloads.models import gpt
 
 # What a job of a model reserves on a cluster unless the run says (host MB, minutes).
@@ -71,6 +72,7 @@ class Options:
         "help": "activation checkpointing: layers = each of the structure's layers keeps only "
                 "its input and runs its forward again in backward (torch.utils.checkpoint, "
                 "non-reentrant), trading step time for activation memory"})
+    float8: Recipe = _as_gpt("float8")
     parallel: Literal["none", "ddp", "fsdp"] = _as_gpt("parallel")
     gpus: int = _as_gpt("gpus")
     bucket_cap_mb: float = _as_gpt("bucket_cap_mb")

@@ -1,0 +1,141 @@
+"""Findings of FP8 training (run key ``float8``): whether it pays, measured, and why, from the
+profile.
+
+FP8 speeds up the GEMMs of the converted Linear layers and adds kernels that compute each
+operand's scale (an amax) and cast it to FP8 (analysis/metrics/categories.py: FP8GEMM,
+FP8Cast). It pays when the GEMM time it saves is more than the casts cost; the GEMMs grow
+with the tokens per step (M) while the weights' casts do not, so small batches and narrow
+layers lose. Each rule compares an FP8 run with its bf16 twin, a finished run that differs in
+``float8`` alone, and quotes the measured speed-up with its 95% CI (finding_base.py):
+
+* ``fp8_does_not_pay`` (on the FP8 run): FP8 is slower, or not significantly faster, than
+  bf16. The cell is the FP8 run's cast/scale share of GPU time (kernel_categories.csv,
+  FP8Cast), the threshold the share of its GPU time that its FP8 GEMMs saved over bf16's
+  GEMMs: casts above it cost more than the GEMMs gained. The fix, ``float8: none``, comes with
+  the bf16 twin's measured gain.
+* ``fp8_pays`` (on the bf16 twin): the FP8 run is significantly faster. The cell is the bf16
+  run's GEMM share (what FP8 can speed up), the fix ``float8`` with the FP8 run's gain.
+
+Both titles give the cause from the two captures: GEMM ms per step in bf16 and in FP8, the
+casts' ms per step, M and the converted layers' K x N. Without both captures they say so.
+findings.py's ``find_all`` runs :data:`FP8_RULES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from analysis.outputs.finding_base import Context, Finding, Fix, Rule, recommend
+from analysis.outputs.runs import read_timing
+
+RECIPES = ("tensorwise", "rowwise")
+NO_FP8 = Fix("train the Linear layers in bf16 (float8: none)", {"float8": ("none", None)})
+USE_FP8 = Fix(
+    "train the Linear layers in FP8 (float8: tensorwise or rowwise; torchao)", {"float8": RECIPES}
+)
+CATEGORIES_CSV = "kernel_categories"
+
+
+def is_fp8(params: dict[str, Any]) -> bool:
+    return params.get("float8") in RECIPES
+
+
+def _ms_per_step(ctx: Context, run: str, category: str) -> float | None:
+    """GPU ms per captured step of one kernel category (summary: category_time_ns_<cat>)."""
+    total, steps = ctx.cell(run, f"category_time_ns_{category}"), ctx.cell(run, "steps")
+    if total is None or not steps:
+        return None
+    return float(total) / 1e6 / float(steps)
+
+
+def _record(ctx: Context, run: str) -> dict[str, Any]:
+    timing = read_timing(ctx.results / run)
+    return (timing.ok_records or [{}])[0]
+
+
+def tokens_per_step(record: dict[str, Any]) -> int | None:
+    """M of every GEMM of a Linear layer: the record's tokens per step."""
+    rate, mean_ms = record.get("tokens_per_s"), record.get("mean_ms")
+    return round(rate * mean_ms / 1e3) if rate and mean_ms else None
+
+
+def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float | None]:
+    """(the profile's account of the difference, the FP8 run's cast share of GPU time in %,
+    the share its FP8 GEMMs saved in %); the shares None without both captures."""
+    record = _record(ctx, fp8)
+    shapes = (record.get("float8") or {}).get("shapes") or []
+    m = tokens_per_step(record)
+    where = (f"M = {m} tokens per step" if m else "M unknown") + (
+        f", K×N {', '.join(f'{k}×{n}' for k, n in shapes)}" if shapes else ""
+    )
+    gemm16 = _ms_per_step(ctx, bf16, "GEMM")
+    gemm8, other8 = _ms_per_step(ctx, fp8, "FP8GEMM"), _ms_per_step(ctx, fp8, "GEMM")
+    casts, kernels = _ms_per_step(ctx, fp8, "FP8Cast"), ctx.cell(fp8, "kernel_time_ns")
+    if None in (gemm16, gemm8, other8, casts) or not kernels:
+        return f"no capture of both runs to say why ({where})", None, None
+    gpu8 = float(kernels) / 1e6 / float(ctx.cell(fp8, "steps"))
+    saved = gemm16 - (gemm8 + other8)
+    text = (
+        f"its FP8 GEMMs take {gemm8:.3g} ms/step (with {other8:.3g} ms of GEMMs left in "
+        f"bf16) where bf16's took {gemm16:.3g} ms: {saved:.3g} ms saved, against "
+        f"{casts:.3g} ms/step of cast/scale kernels ({where})"
+    )
+    return text, casts / gpu8 * 100, saved / gpu8 * 100
+
+
+def fp8_does_not_pay(ctx: Context, run: str) -> Iterator[Finding]:
+    """The FP8 run is not significantly faster than its bf16 twin."""
+    params = ctx.params(run)
+    if not is_fp8(params):
+        return
+    twin = ctx.fix_variant(run, [NO_FP8])
+    if twin is None or set(ctx.changed_keys(run, twin)) != {"float8"}:
+        return
+    text, cast_share, saved_share = cause(ctx, run, twin)
+    f = Finding(
+        rule="fp8_does_not_pay",
+        run=run,
+        title=f"FP8 ({params['float8']}) does not pay here: {text}",
+        value=cast_share if cast_share is not None else float("nan"),
+        threshold=saved_share if saved_share is not None else float("nan"),
+        source=f"{run}/stats/{CATEGORIES_CSV}.csv",
+        key_column="Category",
+        key="FP8Cast",
+        value_column="Time (%)",
+        fix="",
+    )
+    found = recommend(ctx, f, [NO_FP8])
+    # slower, or within the noise: bf16 at least as fast (a gain of bf16 over FP8 >= 1)
+    if found and found.gain is not None and (found.gain >= 1 or not found.gain_significant):
+        yield found
+
+
+def fp8_pays(ctx: Context, run: str) -> Iterator[Finding]:
+    """A bf16 run whose FP8 twin is significantly faster."""
+    if is_fp8(ctx.params(run)) or ctx.params(run).get("mode") != "train":
+        return
+    twin = ctx.fix_variant(run, [USE_FP8])
+    if twin is None or set(ctx.changed_keys(run, twin)) != {"float8"}:
+        return
+    text, _, _ = cause(ctx, twin, run)
+    share = ctx.category_share(run, "GEMM")
+    f = Finding(
+        rule="fp8_pays",
+        run=run,
+        title=f"FP8 ({ctx.params(twin)['float8']}) pays here: {text}",
+        value=share if share is not None else float("nan"),
+        threshold=float("nan"),
+        source=f"{run}/stats/{CATEGORIES_CSV}.csv",
+        key_column="Category",
+        key="GEMM",
+        value_column="Time (%)",
+        fix="",
+        severity="info",
+    )
+    found = recommend(ctx, f, [USE_FP8])
+    if found and found.gain is not None and found.gain > 1 and found.gain_significant:
+        yield found
+
+
+FP8_RULES: list[Rule] = [fp8_does_not_pay, fp8_pays]
