@@ -311,8 +311,8 @@ def test_compiled_fp8_layers_compose_with_master_weights() -> None:
     """What a compiled FP8 rung on top of master weights runs: each block compiled on its own
     (compile_blocks: regional), the flat master-weight AdamW on the FP8 layers' bf16 weight
     copies; it trains as bf16 does."""
-    from workloads.optim import build_optimizer
     from workloads.models.builder import compile_regional
+    from workloads.optim import build_optimizer
 
     model = tiny_gpt()
     swap_linears(model, "tensorwise")

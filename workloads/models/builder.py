@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads import flops, module_ranges
 from workloads import float8 as fp8
+from workloads import flops, module_ranges
 from workloads.device import autocast, compute_dtype
 from workloads.gpt import GPT, config_for
 from workloads.models import RunSettings
