@@ -1,0 +1,561 @@
+"""The memory capture (``--memory_out PATH``): where a run's memory goes, in its own process.
+
+After the run's warm-up and measured steps (which this capture leaves as they are), three more
+steps, each instrumented by what PyTorch maintains:
+
+1. **The allocator's history** (``torch.cuda.memory._record_memory_history`` and its
+   ``_snapshot()``, CUDA only): every allocation and free of one step, in order. Replayed from
+   the bytes allocated when the step starts, it gives the memory curve, the peak (checked
+   against ``torch.cuda.max_memory_allocated`` of the same step) and the blocks alive at the
+   peak. Each live block gets a category from the tensors that own it: parameters, gradients,
+   optimizer state (the model and optimizer the step closes over), activations (tensors saved
+   for backward, seen by ``torch.autograd.graph.saved_tensors_hooks`` during the same step),
+   temporaries (allocated in the step, none of these) and other (alive before the step: inputs,
+   workspaces). The same step records, at the end of each phase range (forward, loss, backward,
+   optimizer), the bytes alive and the peak since the phase before, and per module path the
+   bytes it saved for backward.
+2. **MemTracker** (``torch.distributed._tools.mem_tracker``): per module its peak bytes by
+   category in forward and backward (eager code; compiled code allocates past the dispatcher).
+3. **The profiler** (``torch.profiler.profile(profile_memory=True)``): every allocation and
+   free with the ATen op that made it, for the operator memory table (TensorBoard's columns:
+   allocation count, allocation size, size increase, self and total). Works on the CPU too.
+
+CUDA graphs: a replay allocates nothing (its memory is the graph's private pool, allocated at
+capture), so a whole-step graph run is captured on its eager step (the same ops the graph
+recorded) and the record says what the private pools hold (``cuda_graph_pool_bytes``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import time
+import types
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from workloads import nvtx_ranges
+from workloads.device import synchronize
+
+PHASES = ("forward_pass", "loss_computation", "backward_pass", "optimizer_step")
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+# the allocator's history of one step: far more entries than any step here makes
+MAX_ENTRIES = 2_000_000
+# wrappers whose real module is one attribute down (torch.compile, DDP/FSDP, checkpointing)
+_WRAPPER_PARTS = ("_orig_mod", "module", "_checkpoint_wrapped_module")
+
+
+def capture(
+    step: Callable[[], Any],
+    device: torch.device,
+    graph: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The memory record of ``step`` (an eager or compiled step, never a graph replay)."""
+    owners = find_owners(step)
+    record: dict[str, Any] = {"device": device.type, "notes": []}
+    if device.type == "cuda":
+        record.update(allocator_view(step, device, owners))
+        record["cuda_graph_pool_bytes"] = graph_pool_bytes(device)
+        if graph:
+            record["notes"].append(
+                "whole-step CUDA graph: captured on the eager step the graph was recorded from; "
+                "a replay allocates nothing, its memory is the graph's private pool "
+                "(cuda_graph_pool_bytes)"
+            )
+    else:
+        record.update(saved_view(step, owners))
+        record["notes"].append(
+            "the memory curve, the peak and the bytes by category need "
+            "CUDA (the CUDA caching allocator's history)"
+        )
+    record["analytic"] = analytic_bytes(owners)
+    record["modules_peak"] = module_peaks(step, owners)
+    record["ops"] = op_memory(step, device)
+    return record
+
+
+# --- what the step closes over: its model(s) and optimizer ----------------------------------
+
+
+def find_owners(step: Callable[[], Any]) -> dict[str, list[Any]]:
+    """The modules and optimizers reachable from ``step``'s closure (and the closures of the
+    functions it closes over): the step's model and optimizer, whatever workload built it."""
+    found: dict[str, list[Any]] = {"modules": [], "optimizers": []}
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            found["modules"].append(obj)
+        elif isinstance(obj, torch.optim.Optimizer) or _is_flat_optimizer(obj):
+            found["optimizers"].append(obj)
+        elif isinstance(obj, types.FunctionType | types.MethodType | functools_partial()):
+            for inner in _closed_over(obj):
+                visit(inner, depth + 1)
+        elif isinstance(obj, list | tuple):
+            for item in obj[:64]:
+                visit(item, depth + 1)
+
+    visit(step, 0)
+    roots = [
+        m
+        for m in found["modules"]
+        if not any(m is not o and _contains(o, m) for o in found["modules"])
+    ]
+    return {"modules": roots, "optimizers": found["optimizers"]}
+
+
+def functools_partial() -> type:
+    import functools
+
+    return functools.partial
+
+
+def _closed_over(fn: Any) -> list[Any]:
+    if isinstance(fn, types.MethodType):
+        return [fn.__self__, fn.__func__]
+    if isinstance(fn, functools_partial()):
+        return [fn.func, *fn.args, *fn.keywords.values()]
+    inner = [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+    wrapped = getattr(fn, "__wrapped__", None) or getattr(fn, "_torchdynamo_orig_callable", None)
+    return inner + ([wrapped] if wrapped is not None else [])
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def _is_flat_optimizer(obj: Any) -> bool:
+    """workloads/optim.py's MasterAdamW: flat fp32 buffers, not a torch Optimizer."""
+    return hasattr(obj, "exp_avg") and hasattr(obj, "master") and hasattr(obj, "hyper")
+
+
+def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """The tensors an optimizer keeps between steps (its states, master weights, flat
+    gradient buffers)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
+    return [v for v in vars(optimizer).values() if isinstance(v, torch.Tensor)]
+
+
+def analytic_bytes(owners: dict[str, list[Any]]) -> dict[str, int]:
+    """Parameters, gradients and optimizer state counted from the tensors themselves
+    (each storage once): the analytic side of the categories."""
+    params = {id(p): p for m in owners["modules"] for p in m.parameters()}
+    grads = [p.grad for p in params.values() if p.grad is not None]
+    opt = [t for o in owners["optimizers"] for t in optimizer_tensors(o)]
+    return {
+        "parameters": _storage_bytes(params.values()),
+        "gradients": _storage_bytes(grads),
+        "optimizer_state": _storage_bytes(opt),
+        "parameter_count": sum(p.numel() for p in params.values()),
+    }
+
+
+def _storage_bytes(tensors: Any) -> int:
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+# --- step 1: the allocator's history, saved tensors and phases ------------------------------
+
+
+class StepObserver:
+    """During one step: the tensors saved for backward (per module path), the module path
+    stack, and the allocator's figures at the end of each phase range."""
+
+    def __init__(self, roots: list[nn.Module], device: torch.device) -> None:
+        self.device = device
+        self.paths = {id(m): path for root in roots for path, m in named_modules(root)}
+        # a weight saved for backward is a parameter, not an activation
+        self.param_ptrs = {
+            p.untyped_storage().data_ptr() for root in roots for p in root.parameters()
+        }
+        self.stack: list[str] = []
+        self.saved: dict[int, tuple[int, str]] = {}  # storage ptr -> (bytes, module path)
+        self.phases: list[dict[str, Any]] = []
+        self.handles: list[Any] = []
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator[None]:
+        pre = nn.modules.module.register_module_forward_pre_hook(self._enter)
+        post = nn.modules.module.register_module_forward_hook(self._exit, always_call=True)
+        nvtx_ranges.set_exit_observer(self._phase_ended)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+                yield
+        finally:
+            nvtx_ranges.set_exit_observer(None)
+            pre.remove()
+            post.remove()
+
+    def _enter(self, module: nn.Module, _args: Any) -> None:
+        if id(module) in self.paths:
+            self.stack.append(self.paths[id(module)])
+
+    def _exit(self, module: nn.Module, _args: Any, _out: Any) -> None:
+        if id(module) in self.paths and self.stack:
+            self.stack.pop()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self.saved and ptr not in self.param_ptrs:
+            self.saved[ptr] = (storage.nbytes(), self.stack[-1] if self.stack else "")
+        return tensor
+
+    def _phase_ended(self, name: str) -> None:
+        if name not in PHASES:
+            return
+        mark: dict[str, Any] = {"phase": name, "time_us": time.time_ns() / 1e3}
+        if self.device.type == "cuda":
+            mark["allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            mark["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)  # the next phase's own peak
+        self.phases.append(mark)
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def named_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) with the wrappers' parts left out, so the paths are the module
+    table's (``layers.0.attn``, whether compiled, wrapped or not)."""
+    out = []
+    for path, module in root.named_modules():
+        parts = [p for p in path.split(".") if p and p not in _WRAPPER_PARTS]
+        out.append((".".join(parts), module))
+    return out
+
+
+def allocator_view(
+    step: Callable[[], Any], device: torch.device, owners: dict[str, list[Any]]
+) -> dict[str, Any]:
+    """One step under the allocator's history: curve, peak, categories at the peak, phases,
+    bytes saved for backward per module."""
+    observer = StepObserver(owners["modules"], device)
+    grads_before = _grad_ptrs(owners)
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start_bytes = torch.cuda.memory_allocated(device)
+    live_at_start = _live_blocks(torch.cuda.memory._snapshot(), device)
+    torch.cuda.memory._record_memory_history(
+        context="alloc", stacks="python", max_entries=MAX_ENTRIES, device=device
+    )
+    started_us = time.time_ns() / 1e3
+    try:
+        with observer.observing():
+            step()
+        synchronize(device)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=device)
+    ended_us = time.time_ns() / 1e3
+    phase_peaks = [p.pop("peak_bytes") for p in observer.phases]
+    max_allocated = max([torch.cuda.max_memory_allocated(device), *phase_peaks])
+    trace = [
+        e
+        for e in snapshot["device_traces"][_index(device)]
+        if e["action"] in ("alloc", "free_requested")
+    ]
+    curve = replay(trace, start_bytes)
+    owners_by_ptr = category_owners(owners, grads_before, observer.saved)
+    peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
+    live = live_after(live_at_start, trace, peak_at)
+    by_category = categorize(live, owners_by_ptr, set(live_at_start))
+    peak = curve[peak_at][1] if curve else start_bytes
+    return {
+        "peak_allocated_bytes": max(peak, start_bytes),
+        "max_memory_allocated": max_allocated,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+        "start_allocated_bytes": start_bytes,
+        "peak_time_ms": (curve[peak_at][0] - started_us) / 1e3 if curve else None,
+        "at_peak": by_category,
+        "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
+        "step_ms": (ended_us - started_us) / 1e3,
+        "phases": phase_rows(observer.phases, started_us, start_bytes, phase_peaks),
+        "saved_by_module": saved_by_module(observer.saved),
+        "saved_bytes": sum(b for b, _ in observer.saved.values()),
+        "history_entries": len(trace),
+    }
+
+
+def saved_view(step: Callable[[], Any], owners: dict[str, list[Any]]) -> dict[str, Any]:
+    """Without CUDA: the bytes saved for backward (per module path) of one step."""
+    observer = StepObserver(owners["modules"], torch.device("cpu"))
+    with observer.observing():
+        step()
+    return {
+        "saved_by_module": saved_by_module(observer.saved),
+        "saved_bytes": sum(b for b, _ in observer.saved.values()),
+    }
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _live_blocks(snapshot: dict[str, Any], device: torch.device) -> dict[int, int]:
+    """Address -> size of every allocated block of the device, from a snapshot."""
+    index = _index(device)
+    return {
+        b["address"]: b["size"]
+        for seg in snapshot["segments"]
+        if seg["device"] == index
+        for b in seg["blocks"]
+        if b["state"] == "active_allocated"
+    }
+
+
+def replay(trace: list[dict[str, Any]], start_bytes: int) -> list[tuple[float, int]]:
+    """(time_us, allocated bytes) after each allocation and free, from ``start_bytes``: the
+    allocator's own count (a free lowers it when requested)."""
+    allocated, curve = start_bytes, []
+    for entry in trace:
+        allocated += entry["size"] if entry["action"] == "alloc" else -entry["size"]
+        curve.append((float(entry["time_us"]), allocated))
+    return curve
+
+
+def live_after(
+    start: dict[int, int], trace: list[dict[str, Any]], upto: int | None
+) -> dict[int, int]:
+    """The blocks alive after trace entry ``upto`` (address -> size)."""
+    live = dict(start)
+    for entry in trace[: (upto + 1) if upto is not None else 0]:
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = entry["size"]
+        else:
+            live.pop(entry["addr"], None)
+    return live
+
+
+def _grad_ptrs(owners: dict[str, list[Any]]) -> list[int]:
+    return [
+        p.grad.untyped_storage().data_ptr()
+        for m in owners["modules"]
+        for p in m.parameters()
+        if p.grad is not None
+    ]
+
+
+def category_owners(
+    owners: dict[str, list[Any]], grads_before: list[int], saved: dict[int, tuple[int, str]]
+) -> list[tuple[int, int, str]]:
+    """(start, end, category) of every storage with a known owner, the first owner winning
+    (a parameter saved for backward is a parameter)."""
+    spans: dict[int, tuple[int, str]] = {}
+
+    def add(ptr: int, nbytes: int, category: str) -> None:
+        if ptr and ptr not in spans:
+            spans[ptr] = (nbytes, category)
+
+    for module in owners["modules"]:
+        for t in [*module.parameters(), *module.buffers()]:
+            add(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "parameters")
+    for module in owners["modules"]:
+        for p in module.parameters():
+            if p.grad is not None:
+                add(
+                    p.grad.untyped_storage().data_ptr(),
+                    p.grad.untyped_storage().nbytes(),
+                    "gradients",
+                )
+    for ptr in grads_before:
+        add(ptr, 1, "gradients")
+    for optimizer in owners["optimizers"]:
+        for t in optimizer_tensors(optimizer):
+            add(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "optimizer_state")
+    for ptr, (nbytes, _) in saved.items():
+        add(ptr, nbytes, "activations")
+    return sorted((ptr, ptr + max(n, 1), c) for ptr, (n, c) in spans.items())
+
+
+def categorize(
+    live: dict[int, int], spans: list[tuple[int, int, str]], before: set[int]
+) -> dict[str, int]:
+    """Bytes by category of the live blocks: a block belongs to the first owned storage that
+    starts inside it; else temporaries (allocated in the step) or other (from before it)."""
+    starts = [s for s, _, _ in spans]
+    out = dict.fromkeys(CATEGORIES, 0)
+    for addr, size in live.items():
+        i = bisect.bisect_left(starts, addr)
+        if i < len(spans) and spans[i][0] < addr + size:
+            out[spans[i][2]] += size
+        elif i > 0 and spans[i - 1][1] > addr:  # a storage that starts before the block
+            out[spans[i - 1][2]] += size
+        else:
+            out["other" if addr in before else "temporaries"] += size
+    return out
+
+
+def phase_rows(
+    marks: list[dict[str, Any]], started_us: float, start_bytes: int, peaks: list[int]
+) -> list[dict[str, Any]]:
+    """Per phase range: when it ended, the bytes alive then and the peak inside it (from the
+    end of the phase before)."""
+    rows, begin, before = [], started_us, start_bytes
+    for mark, peak in zip(marks, peaks, strict=True):
+        rows.append(
+            {
+                "phase": mark["phase"],
+                "start_ms": (begin - started_us) / 1e3,
+                "end_ms": (mark["time_us"] - started_us) / 1e3,
+                "allocated_at_start_bytes": before,
+                "allocated_at_end_bytes": mark["allocated_bytes"],
+                "peak_bytes": peak,
+            }
+        )
+        begin, before = mark["time_us"], mark["allocated_bytes"]
+    return rows
+
+
+def saved_by_module(saved: dict[int, tuple[int, str]]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for nbytes, path in saved.values():
+        out[path] += nbytes
+    return dict(out)
+
+
+def _thin(curve: list[tuple[float, int]], most: int = 4000) -> list[list[float]]:
+    """At most ``most`` points, the extremes of each stretch kept (the peak is never lost)."""
+    if len(curve) <= most:
+        return [[round(t, 4), b] for t, b in curve]
+    width = len(curve) / (most // 2)
+    out: list[list[float]] = []
+    for k in range(most // 2):
+        chunk = curve[int(k * width) : int((k + 1) * width)] or curve[-1:]
+        lo, hi = min(chunk, key=lambda p: p[1]), max(chunk, key=lambda p: p[1])
+        out += [[round(p[0], 4), p[1]] for p in sorted({lo, hi})]
+    return out
+
+
+def graph_pool_bytes(device: torch.device) -> int:
+    """Bytes reserved in CUDA graphs' private pools (whole-step graph, reduce-overhead)."""
+    from workloads.runner import graph_pools
+
+    return graph_pools(device)[0]
+
+
+# --- step 2: MemTracker per module ----------------------------------------------------------
+
+
+def module_peaks(step: Callable[[], Any], owners: dict[str, list[Any]]) -> dict[str, Any]:
+    """Per module path, MemTracker's peak bytes by category in forward and in backward."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    try:
+        tracker.track_external(*owners["modules"], *owners["optimizers"])
+        with tracker:
+            step()
+        stats = tracker.memory_tracking
+    except Exception as err:  # noqa: BLE001 - compiled code, custom optimizers: say why
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
+    paths = {id(m): path for root in owners["modules"] for path, m in named_modules(root)}
+    rows: dict[str, Any] = {}
+    for module, mod_stats in list(stats.items()):
+        path = paths.get(id(module))
+        if path is None:
+            continue
+        rows[path] = {state: _by_category(snap) for state, snap in _states(mod_stats).items()}
+    return {"modules": rows}
+
+
+def _states(mod_stats: Any) -> dict[str, Any]:
+    """MemTracker's last snapshot of each state (Pre-Forward, Peak-Forward, Peak-Backward,
+    ...) of one module, keyed by the state's name."""
+    snaps = getattr(mod_stats, "snapshots", {})
+    return {
+        str(getattr(state, "value", state)): values[-1] for state, values in snaps.items() if values
+    }
+
+
+def _by_category(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for per_device in snap.values():
+        for kind, nbytes in per_device.items():
+            out[str(getattr(kind, "value", kind))] += int(nbytes)
+    return dict(out)
+
+
+# --- step 3: the profiler's memory events per ATen op ---------------------------------------
+
+
+def op_memory(step: Callable[[], Any], device: torch.device) -> list[dict[str, Any]]:
+    """Per ATen op: calls, and of its allocations (self: made by the op itself; total: by it
+    and the ops it called) their count, bytes and the net size increase, as the TensorBoard
+    plugin computes them from the profiler's memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, profile_memory=True) as prof:
+        step()
+        synchronize(device)
+    return op_table(prof.profiler.kineto_results.events(), device)
+
+
+def op_table(events: list[Any], device: torch.device) -> list[dict[str, Any]]:
+    """The operator memory table from kineto events (ops and ``[memory]`` records)."""
+    want = "CUDA" if device.type == "cuda" else "CPU"
+    ops: dict[int, list[tuple[int, int, str]]] = defaultdict(list)  # thread -> (start, end, name)
+    memory = []
+    for e in events:
+        if e.name() == "[memory]":
+            if want in str(e.device_type()):
+                memory.append((e.start_ns(), e.start_thread_id(), e.nbytes()))
+        elif e.name().startswith("aten::") and e.device_type() == e.device_type().CPU:
+            ops[e.start_thread_id()].append(
+                (e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
+            )
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(name: str) -> dict[str, Any]:
+        return rows.setdefault(
+            name,
+            {
+                "op": name,
+                "calls": 0,
+                **{
+                    f"{scope}_{what}": 0
+                    for scope in ("self", "total")
+                    for what in ("allocation_count", "allocation_bytes", "size_increase_bytes")
+                },
+            },
+        )
+
+    for thread_ops in ops.values():
+        for _, _, name in thread_ops:
+            row(name)["calls"] += 1
+        thread_ops.sort(key=lambda o: (o[0], -o[1]))
+    for ts, thread, nbytes in memory:
+        enclosing = [o for o in ops.get(thread, ()) if o[0] <= ts <= o[1]]
+        for k, (_, _, name) in enumerate(enclosing):
+            scopes = ("total", "self") if k == len(enclosing) - 1 else ("total",)
+            for scope in scopes:
+                r = row(name)
+                r[f"{scope}_size_increase_bytes"] += nbytes
+                if nbytes > 0:
+                    r[f"{scope}_allocation_count"] += 1
+                    r[f"{scope}_allocation_bytes"] += nbytes
+    return sorted(rows.values(), key=lambda r: -r["total_allocation_bytes"])
