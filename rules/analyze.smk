@@ -112,6 +112,8 @@ rule aggregate:
         times=expand(f"{RESULTS}/{{run}}/times.json", run=PROFILED),
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
         ops=expand(f"{RESULTS}/{{run}}/stats/ops_metrics.json", run=OP_CAPTURED),
+        # the memory view's peak and categories (memory_* columns)
+        memory=expand(f"{RESULTS}/{{run}}/stats/memory_metrics.json", run=MEMORY_CAPTURED),
     output:
         report(
             f"{RESULTS}/summary.csv",

@@ -226,11 +226,15 @@ class StepObserver:
     def _phase_ended(self, name: str) -> None:
         if name not in PHASES:
             return
-        mark: dict[str, Any] = {"phase": name, "time_us": time.time_ns() / 1e3}
+        mark: dict[str, Any] = {"phase": name}
         if self.device.type == "cuda":
             mark["allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             mark["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            mark["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)  # the next phase's own peak
+            # where the phase ends in the allocator's history: its length so far (a snapshot
+            # here costs the capture time, never a timed step)
+            mark["trace_index"] = len(_allocations(torch.cuda.memory._snapshot(), self.device))
         self.phases.append(mark)
 
 
@@ -260,7 +264,11 @@ def allocator_view(
     start_bytes = torch.cuda.memory_allocated(device)
     live_at_start = _live_blocks(torch.cuda.memory._snapshot(), device)
     torch.cuda.memory._record_memory_history(
-        context="alloc", stacks="python", max_entries=MAX_ENTRIES, device=device
+        context="alloc",
+        stacks="python",
+        max_entries=MAX_ENTRIES,
+        device=device,
+        clear_history=True,
     )
     started_us = time.time_ns() / 1e3
     try:
@@ -270,15 +278,18 @@ def allocator_view(
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None, device=device)
-    ended_us = time.time_ns() / 1e3
+    step_ms = (time.time_ns() / 1e3 - started_us) / 1e3
     phase_peaks = [p.pop("peak_bytes") for p in observer.phases]
     max_allocated = max([torch.cuda.max_memory_allocated(device), *phase_peaks])
-    trace = [
-        e
-        for e in snapshot["device_traces"][_index(device)]
-        if e["action"] in ("alloc", "free_requested")
-    ]
+    max_reserved = max(
+        [
+            torch.cuda.max_memory_reserved(device),
+            *(p.pop("peak_reserved_bytes") for p in observer.phases),
+        ]
+    )
+    trace = _allocations(snapshot, device)
     curve = replay(trace, start_bytes)
+    started_us = clock_origin(curve, started_us)
     owners_by_ptr = category_owners(owners, grads_before, observer.saved)
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)
@@ -287,13 +298,14 @@ def allocator_view(
     return {
         "peak_allocated_bytes": max(peak, start_bytes),
         "max_memory_allocated": max_allocated,
-        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+        "peak_reserved_bytes": max_reserved,
         "start_allocated_bytes": start_bytes,
         "peak_time_ms": (curve[peak_at][0] - started_us) / 1e3 if curve else None,
         "at_peak": by_category,
         "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
-        "step_ms": (ended_us - started_us) / 1e3,
-        "phases": phase_rows(observer.phases, started_us, start_bytes, phase_peaks),
+        "step_ms": step_ms,
+        "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks),
+        "at_forward_end": at_forward_end(observer.phases, live_at_start, trace, owners_by_ptr),
         "saved_by_module": saved_by_module(observer.saved),
         "saved_bytes": sum(b for b, _ in observer.saved.values()),
         "history_entries": len(trace),
@@ -315,6 +327,28 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def _allocations(snapshot: dict[str, Any], device: torch.device) -> list[dict[str, Any]]:
+    """The history's allocations and frees (as the allocator counts allocated bytes)."""
+    return [
+        e
+        for e in snapshot["device_traces"][_index(device)]
+        if e["action"] in ("alloc", "free_requested")
+    ]
+
+
+def at_forward_end(
+    marks: list[dict[str, Any]],
+    start: dict[int, int],
+    trace: list[dict[str, Any]],
+    spans: list[tuple[int, int, str]],
+) -> dict[str, int] | None:
+    """Bytes by category alive when the forward range ends (activations: all saved)."""
+    end = next((m["trace_index"] for m in marks if m["phase"] == "forward_pass"), None)
+    if end is None:
+        return None
+    return categorize(live_after(start, trace, end - 1), spans, set(start))
+
+
 def _live_blocks(snapshot: dict[str, Any], device: torch.device) -> dict[int, int]:
     """Address -> size of every allocated block of the device, from a snapshot."""
     index = _index(device)
@@ -325,6 +359,14 @@ def _live_blocks(snapshot: dict[str, Any], device: torch.device) -> dict[int, in
         for b in seg["blocks"]
         if b["state"] == "active_allocated"
     }
+
+
+def clock_origin(curve: list[tuple[float, int]], started_us: float) -> float:
+    """The step's start on the history's clock: the host clock where the two agree (the
+    allocator stamps entries in microseconds since the epoch), else its first entry."""
+    if curve and abs(curve[0][0] - started_us) > 10e6:
+        return curve[0][0]
+    return started_us
 
 
 def replay(trace: list[dict[str, Any]], start_bytes: int) -> list[tuple[float, int]]:
@@ -410,23 +452,29 @@ def categorize(
 
 
 def phase_rows(
-    marks: list[dict[str, Any]], started_us: float, start_bytes: int, peaks: list[int]
+    marks: list[dict[str, Any]],
+    curve: list[tuple[float, int]],
+    started_us: float,
+    start_bytes: int,
+    peaks: list[int],
 ) -> list[dict[str, Any]]:
-    """Per phase range: when it ended, the bytes alive then and the peak inside it (from the
-    end of the phase before)."""
-    rows, begin, before = [], started_us, start_bytes
+    """Per phase range: where it starts and ends on the curve's clock (the allocator's
+    history, split where the range ended), the bytes alive then and the peak inside it."""
+    rows, begin, before = [], 0.0, start_bytes
     for mark, peak in zip(marks, peaks, strict=True):
+        index = mark["trace_index"]
+        end = (curve[index - 1][0] - started_us) / 1e3 if 0 < index <= len(curve) else begin
         rows.append(
             {
                 "phase": mark["phase"],
-                "start_ms": (begin - started_us) / 1e3,
-                "end_ms": (mark["time_us"] - started_us) / 1e3,
+                "start_ms": begin,
+                "end_ms": end,
                 "allocated_at_start_bytes": before,
                 "allocated_at_end_bytes": mark["allocated_bytes"],
                 "peak_bytes": peak,
             }
         )
-        begin, before = mark["time_us"], mark["allocated_bytes"]
+        begin, before = end, mark["allocated_bytes"]
     return rows
 
 
@@ -516,46 +564,91 @@ def op_memory(step: Callable[[], Any], device: torch.device) -> list[dict[str, A
 
 
 def op_table(events: list[Any], device: torch.device) -> list[dict[str, Any]]:
-    """The operator memory table from kineto events (ops and ``[memory]`` records)."""
+    """The operator memory table from kineto events (ops and ``[memory]`` records): each
+    memory record belongs to the innermost op open on its thread (self) and to every op
+    around it (total). An op nested alone in one of the same name (``aten::div`` calling
+    ``aten::div``) is one op, as torch.profiler counts it (``EventList._remove_dup_nodes``)."""
     want = "CUDA" if device.type == "cuda" else "CPU"
-    ops: dict[int, list[tuple[int, int, str]]] = defaultdict(list)  # thread -> (start, end, name)
+    ops: dict[int, list[OpNode]] = defaultdict(list)
     memory = []
     for e in events:
         if e.name() == "[memory]":
             if want in str(e.device_type()):
                 memory.append((e.start_ns(), e.start_thread_id(), e.nbytes()))
-        elif e.name().startswith("aten::") and e.device_type() == e.device_type().CPU:
+        elif e.name().startswith("aten::") and "CPU" in str(e.device_type()):
             ops[e.start_thread_id()].append(
-                (e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
+                OpNode(e.name(), e.start_ns(), e.start_ns() + e.duration_ns())
             )
+    roots = {thread: op_tree(nodes) for thread, nodes in ops.items()}
     rows: dict[str, dict[str, Any]] = {}
-
-    def row(name: str) -> dict[str, Any]:
-        return rows.setdefault(
-            name,
-            {
-                "op": name,
-                "calls": 0,
-                **{
-                    f"{scope}_{what}": 0
-                    for scope in ("self", "total")
-                    for what in ("allocation_count", "allocation_bytes", "size_increase_bytes")
-                },
-            },
-        )
-
-    for thread_ops in ops.values():
-        for _, _, name in thread_ops:
-            row(name)["calls"] += 1
-        thread_ops.sort(key=lambda o: (o[0], -o[1]))
+    for tree in roots.values():
+        for node in _walk(tree):
+            _row(rows, node.name)["calls"] += 1
     for ts, thread, nbytes in memory:
-        enclosing = [o for o in ops.get(thread, ()) if o[0] <= ts <= o[1]]
-        for k, (_, _, name) in enumerate(enclosing):
-            scopes = ("total", "self") if k == len(enclosing) - 1 else ("total",)
-            for scope in scopes:
-                r = row(name)
-                r[f"{scope}_size_increase_bytes"] += nbytes
+        stack = enclosing(roots.get(thread, []), ts)
+        for k, node in enumerate(stack):
+            for scope in ("total", "self") if k == len(stack) - 1 else ("total",):
+                row = _row(rows, node.name)
+                row[f"{scope}_size_increase_bytes"] += nbytes
                 if nbytes > 0:
-                    r[f"{scope}_allocation_count"] += 1
-                    r[f"{scope}_allocation_bytes"] += nbytes
+                    row[f"{scope}_allocation_count"] += 1
+                    row[f"{scope}_allocation_bytes"] += nbytes
     return sorted(rows.values(), key=lambda r: -r["total_allocation_bytes"])
+
+
+class OpNode:
+    """One op call: its name, interval and the calls inside it."""
+
+    __slots__ = ("children", "end", "name", "start")
+
+    def __init__(self, name: str, start: int, end: int) -> None:
+        self.name, self.start, self.end = name, start, end
+        self.children: list[OpNode] = []
+
+
+def op_tree(nodes: list[OpNode]) -> list[OpNode]:
+    """The calls of one thread nested by interval; a lone same-name child merged away."""
+    roots: list[OpNode] = []
+    stack: list[OpNode] = []
+    for node in sorted(nodes, key=lambda n: (n.start, -n.end)):
+        while stack and node.start > stack[-1].end:
+            stack.pop()
+        (stack[-1].children if stack else roots).append(node)
+        stack.append(node)
+    for node in _walk(roots):
+        while len(node.children) == 1 and node.children[0].name == node.name:
+            node.children = node.children[0].children
+    return roots
+
+
+def _walk(nodes: list[OpNode]) -> Iterator[OpNode]:
+    for node in nodes:
+        yield node
+        yield from _walk(node.children)
+
+
+def enclosing(roots: list[OpNode], ts: int) -> list[OpNode]:
+    """The ops open at ``ts``, outermost first."""
+    stack, level = [], roots
+    while level:
+        i = bisect.bisect_right([n.start for n in level], ts) - 1
+        if i < 0 or level[i].end < ts:
+            break
+        stack.append(level[i])
+        level = level[i].children
+    return stack
+
+
+def _row(rows: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    return rows.setdefault(
+        name,
+        {
+            "op": name,
+            "calls": 0,
+            **{
+                f"{scope}_{what}": 0
+                for scope in ("self", "total")
+                for what in ("allocation_count", "allocation_bytes", "size_increase_bytes")
+            },
+        },
+    )
