@@ -78,7 +78,7 @@ def run_case(name: str) -> dict[str, Any]:
     if args.cuda_graph == "step":
         _, graph = whole_step_graph(step, device)  # its pool exists, as in the run
     start = time.perf_counter()
-    record = memory_capture.capture(step, device, graph)
+    record = memory_capture.capture(step, device, graph, compiled=args.compile != "off")
     out: dict[str, Any] = {"case": name, "capture_s": time.perf_counter() - start,
                            "device": torch.cuda.get_device_name(device)
                            if device.type == "cuda" else "cpu"}

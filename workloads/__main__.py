@@ -173,7 +173,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
             run.complete(record.result, workload.tokens_per_step)
         if args.memory_out is not None:
             record.result["memory_capture"] = write_memory_capture(
-                args.memory_out, workload, device, graph)
+                args.memory_out, workload, device, graph, args.compile != "off")
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
     record.write()
@@ -337,12 +337,13 @@ def _speed(args: argparse.Namespace) -> Speed:
 
 
 def write_memory_capture(path: Path, workload: Workload, device: torch.device,
-                         graph: dict[str, Any]) -> dict[str, Any]:
+                         graph: dict[str, Any], compiled: bool) -> dict[str, Any]:
     """The memory capture of the run's eager (or compiled) step, written to ``path``; what
     it cost and whether it worked, for the run's record. A failed capture is written too."""
     start = time.perf_counter()
     try:
-        result = {"status": "ok", **memory_capture.capture(workload.step, device, graph)}
+        result = {"status": "ok", **memory_capture.capture(workload.step, device, graph,
+                                                           compiled=compiled)}
     except Exception as err:  # noqa: BLE001 - the run's timing stands; the memory view says why
         traceback.print_exc()
         result = {"status": "error", "message": f"{type(err).__name__}: {err}"}
