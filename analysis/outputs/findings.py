@@ -46,6 +46,7 @@ from analysis.outputs.finding_base import (
     recommend,
     run_rules,
 )
+from analysis.outputs.memory_findings import MEMORY_RULES
 from analysis.outputs.runs import OK, empty_cell
 
 # Thresholds (documented in docs/findings.md; each rule says why its value).
@@ -384,4 +385,4 @@ RULES: list[Rule] = [
 
 def find_all(results: Path, summary: pd.DataFrame) -> list[Finding]:
     """Every rule, distributed runs' included, over every finished run, ranked."""
-    return run_rules(results, summary, [*RULES, *COMM_RULES])
+    return run_rules(results, summary, [*RULES, *COMM_RULES, *MEMORY_RULES])
