@@ -61,7 +61,7 @@ def capture(
     owners = find_owners(step)
     record: dict[str, Any] = {"device": device.type, "notes": []}
     if device.type == "cuda":
-        record.update(allocator_view(step, device, owners))
+        record.update(allocator_view(step, device, owners, hooks=not compiled))
         record["cuda_graph_pool_bytes"] = graph_pool_bytes(device)
         if graph:
             record["notes"].append(
@@ -69,8 +69,9 @@ def capture(
                 "a replay allocates nothing, its memory is the graph's private pool "
                 "(cuda_graph_pool_bytes)"
             )
-    else:
+    elif not compiled:  # hooks around compiled code would change what Dynamo traced
         record.update(saved_view(step, owners))
+    if device.type != "cuda":
         record["notes"].append(
             "the memory curve, the peak and the bytes by category need "
             "CUDA (the CUDA caching allocator's history)"
@@ -203,7 +204,17 @@ class StepObserver:
         self.handles: list[Any] = []
 
     @contextlib.contextmanager
-    def observing(self) -> Iterator[None]:
+    def observing(self, hooks: bool = True) -> Iterator[None]:
+        """``hooks`` false (compiled code): the phase ends only. Global module hooks and
+        saved-tensor hooks around compiled code would change what Dynamo traced (its guards
+        see them: a recompilation), so a compiled run's activations come from the history."""
+        if not hooks:
+            nvtx_ranges.set_exit_observer(self._phase_ended)
+            try:
+                yield
+            finally:
+                nvtx_ranges.set_exit_observer(None)
+            return
         pre = nn.modules.module.register_module_forward_pre_hook(self._enter)
         post = nn.modules.module.register_module_forward_hook(self._exit, always_call=True)
         nvtx_ranges.set_exit_observer(self._phase_ended)
@@ -260,10 +271,14 @@ def named_modules(root: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def allocator_view(
-    step: Callable[[], Any], device: torch.device, owners: dict[str, list[Any]]
+    step: Callable[[], Any],
+    device: torch.device,
+    owners: dict[str, list[Any]],
+    hooks: bool = True,
 ) -> dict[str, Any]:
     """One step under the allocator's history: curve, peak, categories at the peak, phases,
-    bytes saved for backward per module."""
+    bytes saved for backward per module. Without ``hooks`` (compiled code) the activations
+    are the blocks allocated in forward and alive when it ends."""
     observer = StepObserver(owners["modules"], device)
     grads_before = _grad_ptrs(owners)
     synchronize(device)
@@ -279,7 +294,7 @@ def allocator_view(
     )
     started_us = time.time_ns() / 1e3
     try:
-        with observer.observing():
+        with observer.observing(hooks):
             step()
         synchronize(device)
         snapshot = torch.cuda.memory._snapshot()
@@ -300,7 +315,8 @@ def allocator_view(
     owners_by_ptr = category_owners(owners, grads_before, observer.saved)
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)
-    by_category = categorize(live, owners_by_ptr, set(live_at_start))
+    forward = set() if hooks else forward_alive(observer.phases, live_at_start, trace)
+    by_category = categorize(live, owners_by_ptr, set(live_at_start), forward)
     peak = curve[peak_at][1] if curve else start_bytes
     return {
         "peak_allocated_bytes": max(peak, start_bytes),
@@ -312,7 +328,10 @@ def allocator_view(
         "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
         "step_ms": step_ms,
         "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks),
-        "at_forward_end": at_forward_end(observer.phases, live_at_start, trace, owners_by_ptr),
+        "at_forward_end": at_forward_end(
+            observer.phases, live_at_start, trace, owners_by_ptr, forward
+        ),
+        "activations_from": "saved_tensors_hooks" if hooks else "alive at the end of forward",
         "saved_by_module": saved_by_module(observer.saved),
         "saved_bytes": sum(b for b, _ in observer.saved.values()),
         "history_entries": len(trace),
@@ -343,17 +362,32 @@ def _allocations(snapshot: dict[str, Any], device: torch.device) -> list[dict[st
     ]
 
 
+def _forward_end(marks: list[dict[str, Any]]) -> int | None:
+    return next((m["trace_index"] for m in marks if m["phase"] == "forward_pass"), None)
+
+
 def at_forward_end(
     marks: list[dict[str, Any]],
     start: dict[int, int],
     trace: list[dict[str, Any]],
     spans: list[tuple[int, int, str]],
+    forward: set[int],
 ) -> dict[str, int] | None:
     """Bytes by category alive when the forward range ends (activations: all saved)."""
-    end = next((m["trace_index"] for m in marks if m["phase"] == "forward_pass"), None)
+    end = _forward_end(marks)
     if end is None:
         return None
-    return categorize(live_after(start, trace, end - 1), spans, set(start))
+    return categorize(live_after(start, trace, end - 1), spans, set(start), forward)
+
+
+def forward_alive(
+    marks: list[dict[str, Any]], start: dict[int, int], trace: list[dict[str, Any]]
+) -> set[int]:
+    """Addresses allocated in forward (from the step's start) and alive when it ends."""
+    end = _forward_end(marks)
+    if end is None:
+        return set()
+    return set(live_after(start, trace, end - 1)) - set(start)
 
 
 def _live_blocks(snapshot: dict[str, Any], device: torch.device) -> dict[int, int]:
@@ -441,10 +475,15 @@ def category_owners(
 
 
 def categorize(
-    live: dict[int, int], spans: list[tuple[int, int, str]], before: set[int]
+    live: dict[int, int],
+    spans: list[tuple[int, int, str]],
+    before: set[int],
+    forward: set[int] = frozenset(),
 ) -> dict[str, int]:
     """Bytes by category of the live blocks: a block belongs to the first owned storage that
-    starts inside it; else temporaries (allocated in the step) or other (from before it)."""
+    starts inside it; else activations (``forward``: made in forward, alive at its end, when
+    no hook saw what was saved), temporaries (allocated in the step) or other (from before
+    it)."""
     starts = [s for s, _, _ in spans]
     out = dict.fromkeys(CATEGORIES, 0)
     for addr, size in live.items():
@@ -453,6 +492,8 @@ def categorize(
             out[spans[i][2]] += size
         elif i > 0 and spans[i - 1][1] > addr:  # a storage that starts before the block
             out[spans[i - 1][2]] += size
+        elif addr in forward:
+            out["activations"] += size
         else:
             out["other" if addr in before else "temporaries"] += size
     return out

@@ -152,7 +152,13 @@ def write(capture_path: Path, outdir: Path, figure: Path | None, name: str | Non
     write_csv(outdir / "memory_modules.csv", MODULE_COLUMNS, module_rows(capture))
     write_csv(outdir / "memory_phases.csv", PHASE_COLUMNS, phase_rows(capture))
     if figure is not None:
-        memory_figure(capture, figure, name or capture_path.parent.name)
+        title = name or capture_path.parent.name
+        try:
+            memory_figure(capture, figure, title)
+        except Exception as err:  # noqa: BLE001 - a figure never fails the run's tables
+            from analysis.outputs.style import empty_figure
+
+            empty_figure(figure, f"Memory: {title}", f"the figure failed: {err}")
     return result
 
 
