@@ -20,7 +20,8 @@ capture of one step, then checks it against figures made without it:
   ``torch.profiler.profile(profile_memory=True)``'s ``key_averages()`` on a plain step.
 
 On a CPU only the activations, the analytic bytes and the operator table are compared (the
-curve, the peak and the categories need CUDA's allocator history): the case ``gpt_tiny_cpu``.
+curve, the peak and the categories need CUDA's allocator history): the cases ``gpt_tiny_cpu``
+and ``gpt_tiny_cpu_master``.
 Expected time on one H200: about 2-3 minutes for the default cases (compilation included).
 """
 
@@ -51,6 +52,8 @@ CASES = {
     "--optimizer adamw_master --attention sdpa --sdpa_backend cudnn --compile default "
     "--cuda_graph step",
     "gpt_tiny_cpu": "gpt --size tiny --mode train --context 32 --batch 2 --device cpu",
+    "gpt_tiny_cpu_master": "gpt --size tiny --mode train --context 32 --batch 2 --device cpu "
+    "--dtype bf16 --optimizer adamw_master",
 }
 DEFAULT_CASES = ("gpt_small_eager", "gpt_small_best", "resnet50", "gpt2_hf")
 WARMUP = 3
@@ -103,29 +106,28 @@ def run_case(name: str) -> dict[str, Any]:
 
 def analytic(owners: dict[str, list[Any]]) -> dict[str, int]:
     """Parameter count x dtype bytes; gradients the same; optimizer state: AdamW's two
-    states per parameter (and its step counts), or a flat optimizer's buffers by size."""
+    states per parameter (and its step counts on the device); ``adamw_master``: fp32 master
+    weights and two fp32 states per parameter, its step count and flat gradient buffers (its
+    fp32 parameters live inside the master weights: counted as parameters, not twice)."""
     import torch
 
-    params = {id(p): p for m in owners["modules"] for p in m.parameters()}.values()
+    params = list({id(p): p for m in owners["modules"] for p in m.parameters()}.values())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
     opt = 0
     for o in owners["optimizers"]:
         if isinstance(o, torch.optim.Optimizer):
             for group in o.param_groups:
                 for p in group["params"]:
-                    state = o.state.get(p, {})
                     opt += 2 * p.numel() * p.element_size()  # exp_avg, exp_avg_sq
-                    step = state.get("step")
+                    step = o.state.get(p, {}).get("step")
                     if isinstance(step, torch.Tensor) and step.device.type != "cpu":
                         opt += step.numel() * step.element_size()
-        else:  # MasterAdamW: fp32 master weights, two fp32 states, flat gradients, shadow
-            n = o.master.numel()
-            opt += 3 * n * 4 + 4
+        else:
+            n, n_full = o.master.numel(), o.master.numel() - o.n_low
+            opt += 3 * n * 4 + 4 - n_full * 4  # master, exp_avg, exp_avg_sq, step count
+            opt += o.grad_full.numel() * 4
             if o.grad_low is not None:
                 opt += o.grad_low.numel() * o.grad_low.element_size()
-            opt += o.grad_full.numel() * 4
-            if o.shadow is not None:
-                opt += o.shadow.numel() * o.shadow.element_size()
     return {"parameters": param_bytes, "gradients": param_bytes, "optimizer_state": opt}
 
 
@@ -193,6 +195,10 @@ def report(r: dict[str, Any]) -> list[str]:
                      f"{gib(got)} ({pct(got, r['analytic'][key])}); at the peak {gib(at_peak)}"
                      f" ({pct(at_peak, r['analytic'][key])})")
     fwd = (r.get("at_forward_end") or {}).get("activations")
+    ours = sum(r["capture_analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
+    theirs = sum(r["analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
+    lines.append(f"parameters + gradients + optimizer state: analytic {gib(theirs)} GiB; "
+                 f"capture's tensors {gib(ours)} ({pct(ours, theirs)})")
     lines.append(f"activations at the end of forward {gib(fwd)} GiB vs saved for backward "
                  f"(own hooks) {gib(r['saved_independent'])} ({pct(fwd, r['saved_independent'])})")
     lines.append(f"saved for backward in the capture's step {gib(r['capture_saved'])} GiB vs "

@@ -76,7 +76,7 @@ def capture(
             "the memory curve, the peak and the bytes by category need "
             "CUDA (the CUDA caching allocator's history)"
         )
-    record["analytic"] = analytic_bytes(owners)
+    record["analytic"] = analytic_bytes(owners, device)
     record["modules_peak"] = (
         {"error": "compiled code allocates below the dispatcher: MemTracker sees eager code"}
         if compiled
@@ -165,18 +165,45 @@ def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     return [v for v in vars(optimizer).values() if isinstance(v, torch.Tensor)]
 
 
-def analytic_bytes(owners: dict[str, list[Any]]) -> dict[str, int]:
-    """Parameters, gradients and optimizer state counted from the tensors themselves
-    (each storage once): the analytic side of the categories."""
+def analytic_bytes(owners: dict[str, list[Any]], device: torch.device) -> dict[str, int]:
+    """Parameters, gradients and optimizer state counted from the tensors themselves on the
+    device (each storage once; bytes of a parameter's or a gradient's storage count there,
+    not again as the optimizer's: ``adamw_master``'s fp32 parameters live inside its master
+    weights; a CPU step count is not device memory)."""
     params = {id(p): p for m in owners["modules"] for p in m.parameters()}
     grads = [p.grad for p in params.values() if p.grad is not None]
-    opt = [t for o in owners["optimizers"] for t in optimizer_tensors(o)]
+    opt = [
+        t
+        for o in owners["optimizers"]
+        for t in optimizer_tensors(o)
+        if t.device.type == device.type
+    ]
+    counted = _spans([*params.values(), *grads])
     return {
         "parameters": _storage_bytes(params.values()),
         "gradients": _storage_bytes(grads),
-        "optimizer_state": _storage_bytes(opt),
+        "optimizer_state": sum(b - _overlap(s, b, counted) for s, b in _spans(opt)),
         "parameter_count": sum(p.numel() for p in params.values()),
     }
+
+
+def _spans(tensors: Any) -> list[tuple[int, int]]:
+    """(start, bytes) of each distinct storage, merged where they overlap, in order."""
+    spans = sorted(
+        {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors}
+    )
+    merged: list[tuple[int, int]] = []
+    for start, nbytes in spans:
+        if merged and start < merged[-1][0] + merged[-1][1]:
+            end = max(merged[-1][0] + merged[-1][1], start + nbytes)
+            merged[-1] = (merged[-1][0], end - merged[-1][0])
+        else:
+            merged.append((start, nbytes))
+    return merged
+
+
+def _overlap(start: int, nbytes: int, spans: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(start + nbytes, s + b) - max(start, s)) for s, b in spans)
 
 
 def _storage_bytes(tensors: Any) -> int:
@@ -199,7 +226,8 @@ class StepObserver:
             p.untyped_storage().data_ptr() for root in roots for p in root.parameters()
         }
         self.stack: list[str] = []
-        self.saved: dict[int, tuple[int, str]] = {}  # storage ptr -> (bytes, module path)
+        # storage ptr -> (bytes, module path, saved before the forward range ended)
+        self.saved: dict[int, tuple[int, str, bool]] = {}
         self.phases: list[dict[str, Any]] = []
         self.handles: list[Any] = []
 
@@ -238,7 +266,10 @@ class StepObserver:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr not in self.saved and ptr not in self.param_ptrs:
-            self.saved[ptr] = (storage.nbytes(), self.stack[-1] if self.stack else "")
+            path = self.stack[-1] if self.stack else ""
+            # saved in forward, or by a recomputation inside backward (checkpointing)
+            in_forward = not any(m["phase"] == "forward_pass" for m in self.phases)
+            self.saved[ptr] = (storage.nbytes(), path, in_forward)
         return tensor
 
     def _phase_ended(self, name: str) -> None:
@@ -316,7 +347,8 @@ def allocator_view(
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)
     forward = set() if hooks else forward_alive(observer.phases, live_at_start, trace)
-    by_category = categorize(live, owners_by_ptr, set(live_at_start), forward)
+    forward_end = _forward_end(observer.phases)
+    by_category = categorize(live, owners_by_ptr, forward_end, forward)
     peak = curve[peak_at][1] if curve else start_bytes
     return {
         "peak_allocated_bytes": max(peak, start_bytes),
@@ -333,7 +365,7 @@ def allocator_view(
         ),
         "activations_from": "saved_tensors_hooks" if hooks else "alive at the end of forward",
         "saved_by_module": saved_by_module(observer.saved),
-        "saved_bytes": sum(b for b, _ in observer.saved.values()),
+        "saved_bytes": sum(b for b, _, _ in observer.saved.values()),
         "history_entries": len(trace),
     }
 
@@ -345,7 +377,7 @@ def saved_view(step: Callable[[], Any], owners: dict[str, list[Any]]) -> dict[st
         step()
     return {
         "saved_by_module": saved_by_module(observer.saved),
-        "saved_bytes": sum(b for b, _ in observer.saved.values()),
+        "saved_bytes": sum(b for b, _, _ in observer.saved.values()),
     }
 
 
@@ -370,36 +402,42 @@ def at_forward_end(
     marks: list[dict[str, Any]],
     start: dict[int, int],
     trace: list[dict[str, Any]],
-    spans: list[tuple[int, int, str]],
-    forward: set[int],
+    spans: list[tuple[int, int, str, int]],
+    forward: set[tuple[int, int]],
 ) -> dict[str, int] | None:
     """Bytes by category alive when the forward range ends (activations: all saved)."""
     end = _forward_end(marks)
     if end is None:
         return None
-    return categorize(live_after(start, trace, end - 1), spans, set(start), forward)
+    return categorize(live_after(start, trace, end - 1), spans, end, forward)
 
 
 def forward_alive(
     marks: list[dict[str, Any]], start: dict[int, int], trace: list[dict[str, Any]]
-) -> set[int]:
-    """Addresses allocated in forward (from the step's start) and alive when it ends."""
+) -> set[tuple[int, int]]:
+    """(address, allocation index) of the blocks allocated in forward (from the step's
+    start) and alive when it ends."""
     end = _forward_end(marks)
     if end is None:
         return set()
-    return set(live_after(start, trace, end - 1)) - set(start)
+    return {(a, born) for a, (_, born) in live_after(start, trace, end - 1).items() if born >= 0}
 
 
 def _live_blocks(snapshot: dict[str, Any], device: torch.device) -> dict[int, int]:
-    """Address -> size of every allocated block of the device, from a snapshot."""
-    index = _index(device)
-    return {
-        b["address"]: b["size"]
-        for seg in snapshot["segments"]
-        if seg["device"] == index
-        for b in seg["blocks"]
-        if b["state"] == "active_allocated"
-    }
+    """Address -> size of every allocated block of the device, from a snapshot. A block's
+    address is its own where the snapshot gives it, else its segment's address plus the
+    sizes of the blocks before it (the blocks of a segment are listed in address order)."""
+    index, live = _index(device), {}
+    for seg in snapshot["segments"]:
+        if seg["device"] != index:
+            continue
+        addr = seg["address"]
+        for block in seg["blocks"]:
+            addr = block.get("address", addr)
+            if block["state"] == "active_allocated":
+                live[addr] = block["size"]
+            addr += block["size"]
+    return live
 
 
 def clock_origin(curve: list[tuple[float, int]], started_us: float) -> float:
@@ -422,81 +460,144 @@ def replay(trace: list[dict[str, Any]], start_bytes: int) -> list[tuple[float, i
 
 def live_after(
     start: dict[int, int], trace: list[dict[str, Any]], upto: int | None
-) -> dict[int, int]:
-    """The blocks alive after trace entry ``upto`` (address -> size)."""
-    live = dict(start)
-    for entry in trace[: (upto + 1) if upto is not None else 0]:
+) -> dict[int, tuple[int, int]]:
+    """The blocks alive after trace entry ``upto``: address -> (size, the trace index of its
+    allocation; -1: alive when the step started)."""
+    live = {addr: (size, -1) for addr, size in start.items()}
+    for index, entry in enumerate(trace[: (upto + 1) if upto is not None else 0]):
         if entry["action"] == "alloc":
-            live[entry["addr"]] = entry["size"]
+            live[entry["addr"]] = (entry["size"], index)
         else:
             live.pop(entry["addr"], None)
     return live
 
 
-def _grad_ptrs(owners: dict[str, list[Any]]) -> list[int]:
+def _grad_ptrs(owners: dict[str, list[Any]]) -> list[tuple[int, int]]:
     return [
-        p.grad.untyped_storage().data_ptr()
+        (p.grad.untyped_storage().data_ptr(), p.grad.untyped_storage().nbytes())
         for m in owners["modules"]
         for p in m.parameters()
         if p.grad is not None
     ]
 
 
-def category_owners(
-    owners: dict[str, list[Any]], grads_before: list[int], saved: dict[int, tuple[int, str]]
-) -> list[tuple[int, int, str]]:
-    """(start, end, category) of every storage with a known owner, the first owner winning
-    (a parameter saved for backward is a parameter)."""
-    spans: dict[int, tuple[int, str]] = {}
+# When a storage owns a block, by the block's allocation (its trace index, -1: before the
+# step; F: where the forward range ended): parameters and optimizer state always; last step's
+# gradients only a block from before the step; this step's gradients one from before it or
+# from backward; a tensor saved in forward a block from before F, one saved by a recomputation
+# inside backward a block from after F. An address freed and reused is another tensor.
+ANY, BEFORE_STEP, UP_TO_FORWARD, AFTER_FORWARD, GRADIENT = range(5)
 
-    def add(ptr: int, nbytes: int, category: str) -> None:
-        if ptr and ptr not in spans:
-            spans[ptr] = (nbytes, category)
+
+def category_owners(
+    owners: dict[str, list[Any]],
+    grads_before: list[tuple[int, int]],
+    saved: dict[int, tuple[int, str, bool]],
+) -> list[tuple[int, int, str, int]]:
+    """(start, end, category, when) of every storage with a known owner. One address may
+    have several (last step's gradient, then a tensor allocated where it was): ``when``
+    tells them apart, and where two can own a block the category's priority decides."""
+    spans: dict[tuple[int, str, int], int] = {}
+
+    def add(ptr: int, nbytes: int, category: str, when: int) -> None:
+        if ptr:
+            spans[(ptr, category, when)] = max(nbytes, spans.get((ptr, category, when), 0))
+
+    def storage(t: torch.Tensor) -> tuple[int, int]:
+        return t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
 
     for module in owners["modules"]:
         for t in [*module.parameters(), *module.buffers()]:
-            add(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "parameters")
+            add(*storage(t), "parameters", ANY)
     for module in owners["modules"]:
         for p in module.parameters():
             if p.grad is not None:
-                add(
-                    p.grad.untyped_storage().data_ptr(),
-                    p.grad.untyped_storage().nbytes(),
-                    "gradients",
-                )
-    for ptr in grads_before:
-        add(ptr, 1, "gradients")
+                add(*storage(p.grad), "gradients", GRADIENT)
+    for ptr, nbytes in grads_before:
+        add(ptr, nbytes, "gradients", BEFORE_STEP)
     for optimizer in owners["optimizers"]:
         for t in optimizer_tensors(optimizer):
-            add(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "optimizer_state")
-    for ptr, (nbytes, _) in saved.items():
-        add(ptr, nbytes, "activations")
-    return sorted((ptr, ptr + max(n, 1), c) for ptr, (n, c) in spans.items())
+            add(*storage(t), "optimizer_state", ANY)
+    for ptr, (nbytes, _, in_forward) in saved.items():
+        add(ptr, nbytes, "activations", UP_TO_FORWARD if in_forward else AFTER_FORWARD)
+    return sorted((ptr, ptr + max(n, 1), c, w) for (ptr, c, w), n in spans.items())
+
+
+def _owns(when: int, born: int, forward_end: int | None) -> bool:
+    """Whether a storage of ``when`` can be the tensor of a block allocated at ``born``."""
+    if when == ANY or forward_end is None:
+        return when != BEFORE_STEP or born < 0
+    return {
+        BEFORE_STEP: born < 0,
+        UP_TO_FORWARD: born < forward_end,
+        AFTER_FORWARD: born >= forward_end,
+        GRADIENT: born < 0 or born >= forward_end,
+    }[when]
 
 
 def categorize(
-    live: dict[int, int],
-    spans: list[tuple[int, int, str]],
-    before: set[int],
-    forward: set[int] = frozenset(),
+    live: dict[int, tuple[int, int]],
+    spans: list[tuple[int, int, str, int]],
+    forward_end: int | None,
+    forward: set[tuple[int, int]] = frozenset(),
 ) -> dict[str, int]:
-    """Bytes by category of the live blocks: a block belongs to the first owned storage that
-    starts inside it; else activations (``forward``: made in forward, alive at its end, when
-    no hook saw what was saved), temporaries (allocated in the step) or other (from before
-    it)."""
-    starts = [s for s, _, _ in spans]
+    """Bytes by category of the live blocks (address -> size, allocation index). A block's
+    bytes go to the owned storages inside it (where storages overlap, parameters before
+    gradients before optimizer state before activations: ``adamw_master``'s fp32 parameters
+    are views of its master weights); the block's rounding slack to its largest owner. A
+    block no storage owns: activations (``forward``: made in forward and alive at its end,
+    where no hook saw what was saved), temporaries (allocated in the step) or other (alive
+    before it)."""
+    index = OwnerIndex(spans)
     out = dict.fromkeys(CATEGORIES, 0)
-    for addr, size in live.items():
-        i = bisect.bisect_left(starts, addr)
-        if i < len(spans) and spans[i][0] < addr + size:
-            out[spans[i][2]] += size
-        elif i > 0 and spans[i - 1][1] > addr:  # a storage that starts before the block
-            out[spans[i - 1][2]] += size
-        elif addr in forward:
+    for addr, (size, born) in live.items():
+        owned = index.owners(addr, size, born, forward_end)
+        if owned:
+            owned[max(owned, key=owned.get)] += size - sum(owned.values())
+            for category, nbytes in owned.items():
+                out[category] += nbytes
+        elif (addr, born) in forward:
             out["activations"] += size
         else:
-            out["other" if addr in before else "temporaries"] += size
+            out["other" if born < 0 else "temporaries"] += size
     return out
+
+
+PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+class OwnerIndex:
+    """The owned storages, sorted by start, for the ones overlapping a block."""
+
+    def __init__(self, spans: list[tuple[int, int, str, int]]) -> None:
+        self.spans = sorted(spans)
+        self.starts = [span[0] for span in self.spans]
+        self.max_end: list[int] = []  # the largest end among the spans up to each index
+        for span in self.spans:
+            self.max_end.append(max(span[1], self.max_end[-1] if self.max_end else span[1]))
+
+    def owners(self, addr: int, size: int, born: int, forward_end: int | None) -> dict[str, int]:
+        """Category -> bytes of [addr, addr + size) its storages cover (by priority)."""
+        hi = bisect.bisect_left(self.starts, addr + size)
+        pieces = []
+        j = hi - 1
+        while j >= 0 and self.max_end[j] > addr:
+            start, end, category, when = self.spans[j]
+            if end > addr and _owns(when, born, forward_end):
+                pieces.append((max(start, addr), min(end, addr + size), category))
+            j -= 1
+        return _cover(pieces)
+
+
+def _cover(pieces: list[tuple[int, int, str]]) -> dict[str, int]:
+    """Bytes per category of overlapping pieces, each byte to its highest-priority piece."""
+    points = sorted({p for a, b, _ in pieces for p in (a, b)})
+    out: dict[str, int] = defaultdict(int)
+    for a, b in zip(points, points[1:], strict=False):
+        over = [c for s, e, c in pieces if s <= a and e >= b]
+        if over:
+            out[min(over, key=PRIORITY.__getitem__)] += b - a
+    return dict(out)
 
 
 def phase_rows(
@@ -526,9 +627,9 @@ def phase_rows(
     return rows
 
 
-def saved_by_module(saved: dict[int, tuple[int, str]]) -> dict[str, int]:
+def saved_by_module(saved: dict[int, tuple[int, str, bool]]) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
-    for nbytes, path in saved.values():
+    for nbytes, path, _ in saved.values():
         out[path] += nbytes
     return dict(out)
 
@@ -562,7 +663,13 @@ def module_peaks(step: Callable[[], Any], owners: dict[str, list[Any]]) -> dict[
 
     tracker = MemTracker()
     try:
-        tracker.track_external(*owners["modules"], *owners["optimizers"])
+        # a torch optimizer as itself (its states are OPT), a flat one as its tensors
+        external = [
+            t
+            for o in owners["optimizers"]
+            for t in ([o] if isinstance(o, torch.optim.Optimizer) else optimizer_tensors(o))
+        ]
+        tracker.track_external(*owners["modules"], *external)
         with tracker:
             step()
         stats = tracker.memory_tracking
