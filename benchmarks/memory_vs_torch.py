@@ -66,7 +66,7 @@ def run_case(name: str) -> dict[str, Any]:
     import torch
 
     from workloads import memory_capture
-    from workloads.__main__ import build_parser, build_workload, whole_step_graph
+    from workloads.__main__ import build_parser, build_workload
     from workloads.device import configure_precision, resolve_device, synchronize
 
     args = build_parser().parse_args(shlex.split(CASES[name]))
@@ -77,11 +77,10 @@ def run_case(name: str) -> dict[str, Any]:
     for _ in range(WARMUP):
         step()
     synchronize(device)
-    graph: dict[str, Any] = {}
-    if args.cuda_graph == "step":
-        _, graph = whole_step_graph(step, device)  # its pool exists, as in the run
+    # as in the pipeline, a whole-step graph run is captured on the step the graph records,
+    # before the graph exists; the graph's pool is measured after (below)
     start = time.perf_counter()
-    record = memory_capture.capture(step, device, graph, compiled=args.compile != "off")
+    record = memory_capture.capture(step, device, compiled=args.compile != "off")
     out: dict[str, Any] = {"case": name, "capture_s": time.perf_counter() - start,
                            "device": torch.cuda.get_device_name(device)
                            if device.type == "cuda" else "cpu"}
@@ -100,8 +99,26 @@ def run_case(name: str) -> dict[str, Any]:
         out["peak"] = record["peak_allocated_bytes"]
         out["at_peak"] = record["at_peak"]
         out["at_forward_end"] = record.get("at_forward_end")
-        out["pool"] = record["cuda_graph_pool_bytes"]
+        if args.cuda_graph == "step":
+            out.update(graph_figures(step, device))
     return out
+
+
+def graph_figures(step: Any, device: Any) -> dict[str, Any]:
+    """The whole-step graph's pool and what its replays hold (the timing record's peak:
+    max_memory_allocated over the replays plus the pool's free bytes)."""
+    import torch
+
+    from workloads.__main__ import whole_step_graph
+    from workloads.runner import peak_memory
+
+    replay, _ = whole_step_graph(step, device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(3):
+        replay()
+    torch.cuda.synchronize(device)
+    return {"graph": peak_memory(device)}
 
 
 def analytic(owners: dict[str, list[Any]]) -> dict[str, int]:
@@ -186,8 +203,12 @@ def report(r: dict[str, Any]) -> list[str]:
         lines.append(f"categories at the peak, summed: {gib(total)} vs peak {gib(r['peak'])} "
                      f"({pct(total, r['peak'])}); "
                      + ", ".join(f"{k} {gib(v)}" for k, v in r["at_peak"].items()))
-        if r.get("pool"):
-            lines.append(f"CUDA graph pools reserve {gib(r['pool'])} GiB")
+        if r.get("graph"):
+            g = r["graph"]
+            lines.append(f"whole-step graph: its pool reserves {gib(g['cuda_graph_pool_bytes'])}"
+                         f" GiB; replays: max_memory_allocated {gib(g['peak_allocated_bytes'])},"
+                         f" held (with the pool's free bytes) {gib(g['peak_memory_bytes'])} vs "
+                         f"the captured step's peak {gib(r['peak'])}")
     for key in ("parameters", "gradients", "optimizer_state"):
         got = r["capture_analytic"][key]
         at_peak = (r.get("at_peak") or {}).get(key)

@@ -145,6 +145,11 @@ def run_from_command_line(argv: list[str] | None) -> int:
     try:
         gpu = GpuStateRecorder(device)
         step, graph = workload.step, {}
+        memory = None
+        if args.memory_out is not None and args.cuda_graph == "step":
+            # the step the graph records, before the graph holds its pool (a replay
+            # allocates nothing the allocator could show)
+            memory = memory_before_graph(args, workload, device)
         if args.cuda_graph == "step":
             step, graph = whole_step_graph(step, device)
 
@@ -173,7 +178,7 @@ def run_from_command_line(argv: list[str] | None) -> int:
             run.complete(record.result, workload.tokens_per_step)
         if args.memory_out is not None:
             record.result["memory_capture"] = write_memory_capture(
-                args.memory_out, workload, device, graph, args.compile != "off")
+                args.memory_out, workload, device, graph, args.compile != "off", memory)
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
     record.write()
@@ -336,10 +341,18 @@ def _speed(args: argparse.Namespace) -> Speed:
     )
 
 
-def write_memory_capture(path: Path, workload: Workload, device: torch.device,
-                         graph: dict[str, Any], compiled: bool) -> dict[str, Any]:
-    """The memory capture of the run's eager (or compiled) step, written to ``path``; what
-    it cost and whether it worked, for the run's record. A failed capture is written too."""
+def memory_before_graph(args: argparse.Namespace, workload: Workload,
+                        device: torch.device) -> dict[str, Any]:
+    """A whole-step graph run's memory capture: its warm-up, then the capture of the step
+    the graph will record (the graph's pool is not there yet to add to it)."""
+    for _ in range(args.warmup):
+        workload.step()
+    return capture_memory(workload, device, args.compile != "off")
+
+
+def capture_memory(workload: Workload, device: torch.device, compiled: bool,
+                   graph: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory capture of the run's eager (or compiled) step; a failure is its result."""
     start = time.perf_counter()
     try:
         result = {"status": "ok", **memory_capture.capture(workload.step, device, graph,
@@ -348,6 +361,22 @@ def write_memory_capture(path: Path, workload: Workload, device: torch.device,
         traceback.print_exc()
         result = {"status": "error", "message": f"{type(err).__name__}: {err}"}
     result["capture_s"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def write_memory_capture(path: Path, workload: Workload, device: torch.device,
+                         graph: dict[str, Any], compiled: bool,
+                         before_graph: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory capture written to ``path`` (taken now, or before the whole-step graph
+    was captured: then with what the graph's pool reserves now); what it cost and whether
+    it worked, for the run's record."""
+    if before_graph is None:
+        result = capture_memory(workload, device, compiled, graph)
+    else:
+        result = before_graph
+        if device.type == "cuda" and result["status"] == "ok":
+            result["cuda_graph_pool_bytes"] = memory_capture.graph_pool_bytes(device)
+            result["notes"].append(memory_capture.GRAPH_NOTE)
     write_whole(path, result)
     return {"status": result["status"], "capture_s": result["capture_s"]}
 

@@ -43,6 +43,10 @@ from workloads.device import synchronize
 
 PHASES = ("forward_pass", "loss_computation", "backward_pass", "optimizer_step")
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+GRAPH_NOTE = (
+    "whole-step CUDA graph: the step the graph records, captured before the graph; a replay "
+    "allocates nothing, its memory is the graph's private pool (cuda_graph_pool_bytes)"
+)
 # the allocator's history of one step: far more entries than any step here makes
 MAX_ENTRIES = 2_000_000
 # wrappers whose real module is one attribute down (torch.compile, DDP/FSDP, checkpointing)
@@ -64,11 +68,7 @@ def capture(
         record.update(allocator_view(step, device, owners, hooks=not compiled))
         record["cuda_graph_pool_bytes"] = graph_pool_bytes(device)
         if graph:
-            record["notes"].append(
-                "whole-step CUDA graph: captured on the eager step the graph was recorded from; "
-                "a replay allocates nothing, its memory is the graph's private pool "
-                "(cuda_graph_pool_bytes)"
-            )
+            record["notes"].append(GRAPH_NOTE)
     elif not compiled:  # hooks around compiled code would change what Dynamo traced
         record.update(saved_view(step, owners))
     if device.type != "cuda":
