@@ -113,6 +113,16 @@ def test_memory_key_turns_the_capture_on_and_off() -> None:
         resolve(smoke_config(memory="yes"))
 
 
+def test_the_analysis_knows_the_captures_categories_without_torch() -> None:
+    from analysis.outputs import memory
+
+    assert memory.CATEGORIES == memory_capture.CATEGORIES
+    done = subprocess.run([sys.executable, "-c", "import analysis.cli, sys; "
+                           "print('torch' in sys.modules)"], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_a_failed_run_gets_an_empty_memory_view(tmp_path: Path) -> None:
     from analysis.outputs.memory import write
 

@@ -36,8 +36,16 @@ def probe(command: list[str], batch: int, timeout_s: float) -> dict[str, Any]:
     """One process of the workload at ``batch``: its record's status, peak and step time."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "record.json"
-        cmd = [sys.executable, "-m", "workloads", *command, "--batch", str(batch),
-               "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "workloads",
+            *command,
+            "--batch",
+            str(batch),
+            "--out",
+            str(out),
+        ]
         try:
             subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
@@ -50,8 +58,7 @@ def probe(command: list[str], batch: int, timeout_s: float) -> dict[str, Any]:
     return row
 
 
-def search(run: Callable[[int], dict[str, Any]], bound: int, start: int = 1
-           ) -> dict[str, Any]:
+def search(run: Callable[[int], dict[str, Any]], bound: int, start: int = 1) -> dict[str, Any]:
     """Doubling from ``start``, then bisecting, with ``run(batch)`` giving each batch's row."""
     tried: list[dict[str, Any]] = []
 
@@ -84,29 +91,38 @@ def search(run: Callable[[int], dict[str, Any]], bound: int, start: int = 1
     return result(tried, bound, fits, OOM if fails is not None else "bound")
 
 
-def result(tried: list[dict[str, Any]], bound: int, batch: int | None,
-           limited_by: str) -> dict[str, Any]:
+def result(
+    tried: list[dict[str, Any]], bound: int, batch: int | None, limited_by: str
+) -> dict[str, Any]:
     at = next((r for r in tried if r["batch"] == batch and r["status"] == OK), {})
-    return {"batch": batch, "bound": bound, "limited_by": limited_by,
-            "peak_memory_bytes": at.get("peak_memory_bytes"), "median_ms": at.get("median_ms"),
-            "tried": tried}
+    return {
+        "batch": batch,
+        "bound": bound,
+        "limited_by": limited_by,
+        "peak_memory_bytes": at.get("peak_memory_bytes"),
+        "median_ms": at.get("median_ms"),
+        "tried": tried,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("usage: python -m workloads.maxbatch [--bound N] [--out F] -- WORKLOAD ARGS...",
-              file=sys.stderr)
+        print(
+            "usage: python -m workloads.maxbatch [--bound N] [--out F] -- WORKLOAD ARGS...",
+            file=sys.stderr,
+        )
         return 2
     cut = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m workloads.maxbatch",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m workloads.maxbatch", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--bound", type=int, required=True, help="the largest batch to try")
     p.add_argument("--start", type=int, default=1, help="the first batch (default 1)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per batch")
     p.add_argument("--out", type=Path, default=None, help="the result JSON")
     args = p.parse_args(argv[:cut])
-    command = argv[cut + 1:]
+    command = argv[cut + 1 :]
     if any(a in ("--batch", "--out") for a in command):
         p.error("the workload's command line takes no --batch or --out (the search sets them)")
     if args.bound < 1 or args.start < 1:
@@ -118,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(found, indent=2) + "\n")
     for row in found["tried"]:
         peak = row.get("peak_memory_bytes")
-        print(f"batch {row['batch']}: {row['status']}"
-              + (f", peak {peak / 2**30:.2f} GiB" if peak else "")
-              + (f", {row['median_ms']:.2f} ms" if row.get("median_ms") else ""), flush=True)
+        print(
+            f"batch {row['batch']}: {row['status']}"
+            + (f", peak {peak / 2**30:.2f} GiB" if peak else "")
+            + (f", {row['median_ms']:.2f} ms" if row.get("median_ms") else ""),
+            flush=True,
+        )
     print(f"largest batch that fits: {found['batch']} (limited by {found['limited_by']})")
     return 0 if found["batch"] is not None else 1
 

@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.patches import Patch
 
 from analysis.outputs import style
-from workloads.memory_capture import CATEGORIES
+from analysis.outputs.memory import CATEGORIES
 
 CATEGORY_LABELS = {
     "parameters": "parameters",

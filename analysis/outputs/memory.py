@@ -18,8 +18,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workloads.memory_capture import CATEGORIES
-
+# The categories of the bytes at the peak, in the capture's order (workloads/memory_capture.py;
+# not imported from there: the analysis commands start without torch).
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "other",
+)
 OP_COLUMNS = [
     "op",
     "calls",

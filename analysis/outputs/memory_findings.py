@@ -34,10 +34,18 @@ def activations_dominate_peak(ctx: Context, run: str) -> Iterator[Finding]:
         return
     if params.get("workload") not in LAYERED:
         return
-    f = Finding(rule="activations_dominate_peak", run=run,
-                title=f"activations are {float(share):.0%} of the peak memory",
-                value=float(share), threshold=ACTIVATION_SHARE, source=SUMMARY,
-                key_column="run", key=run, value_column=SHARE_COLUMN, fix="")
+    f = Finding(
+        rule="activations_dominate_peak",
+        run=run,
+        title=f"activations are {float(share):.0%} of the peak memory",
+        value=float(share),
+        threshold=ACTIVATION_SHARE,
+        source=SUMMARY,
+        key_column="run",
+        key=run,
+        value_column=SHARE_COLUMN,
+        fix="",
+    )
     found = recommend(ctx, f, [CHECKPOINT])
     if found is None:
         return
@@ -47,13 +55,15 @@ def activations_dominate_peak(ctx: Context, run: str) -> Iterator[Finding]:
 
 
 def memory_trade(ctx: Context, run: str, variant: str, gain: float | None) -> str:
-    """"; measured in V: peak -X GiB (A -> B GiB) for +Y% step time"."""
+    """ "; measured in V: peak -X GiB (A -> B GiB) for +Y% step time"."""
     before, after = ctx.cell(run, "peak_memory_gib"), ctx.cell(variant, "peak_memory_gib")
     if before is None or after is None or not gain:
         return ""
     saved = float(before) - float(after)
-    return (f"; measured in `{variant}`: peak {-saved:+.2f} GiB ({float(before):.2f} → "
-            f"{float(after):.2f} GiB) for {1 / gain - 1:+.0%} step time")
+    return (
+        f"; measured in `{variant}`: peak {-saved:+.2f} GiB ({float(before):.2f} → "
+        f"{float(after):.2f} GiB) for {1 / gain - 1:+.0%} step time"
+    )
 
 
 MEMORY_RULES = [activations_dominate_peak]
