@@ -114,9 +114,9 @@ def test_memory_key_turns_the_capture_on_and_off() -> None:
 
 
 def test_the_analysis_knows_the_captures_categories_without_torch() -> None:
-    from analysis.outputs import memory
+    from analysis.outputs import figures_memory, memory
 
-    assert memory.CATEGORIES == memory_capture.CATEGORIES
+    assert memory.CATEGORIES == figures_memory.CATEGORIES == memory_capture.CATEGORIES
     done = subprocess.run([sys.executable, "-c", "import analysis.cli, sys; "
                            "print('torch' in sys.modules)"], cwd=REPO, capture_output=True,
                           text=True, check=True)

@@ -10,7 +10,6 @@ from typing import Any
 from matplotlib.patches import Patch
 
 from analysis.outputs import style
-from analysis.outputs.memory import CATEGORIES
 
 CATEGORY_LABELS = {
     "parameters": "parameters",
@@ -20,6 +19,7 @@ CATEGORY_LABELS = {
     "temporaries": "temporaries",
     "other": "other (alive before the step)",
 }
+CATEGORIES = tuple(CATEGORY_LABELS)  # the capture's order (workloads/memory_capture.py)
 MEMORY_COLORS = style.palette_colors(list(CATEGORIES))
 
 
