@@ -13,7 +13,7 @@ capture of one step, then checks it against figures made without it:
 * **parameters, gradients, optimizer state**: vs analytic bytes (parameter count x dtype
   bytes; AdamW's two states per parameter; master weights and flat buffers where the
   optimizer has them);
-* **activations**: the capture's activations at the end of forward vs the bytes saved for
+* **activations**: the capture's activations when backward starts vs the bytes saved for
   backward counted on a plain step by a ``torch.autograd.graph.saved_tensors_hooks`` of this
   script (unique storages, parameters left out);
 * **operator table**: per ATen op, the capture's self size increase and calls vs
@@ -98,7 +98,7 @@ def run_case(name: str) -> dict[str, Any]:
         out["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
         out["peak"] = record["peak_allocated_bytes"]
         out["at_peak"] = record["at_peak"]
-        out["at_forward_end"] = record.get("at_forward_end")
+        out["at_backward_start"] = record.get("at_backward_start")
         if args.cuda_graph == "step":
             out.update(graph_figures(step, device))
     return out
@@ -215,12 +215,12 @@ def report(r: dict[str, Any]) -> list[str]:
         lines.append(f"{key}: analytic {gib(r['analytic'][key])} GiB; capture's tensors "
                      f"{gib(got)} ({pct(got, r['analytic'][key])}); at the peak {gib(at_peak)}"
                      f" ({pct(at_peak, r['analytic'][key])})")
-    fwd = (r.get("at_forward_end") or {}).get("activations")
+    fwd = (r.get("at_backward_start") or {}).get("activations")
     ours = sum(r["capture_analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
     theirs = sum(r["analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
     lines.append(f"parameters + gradients + optimizer state: analytic {gib(theirs)} GiB; "
                  f"capture's tensors {gib(ours)} ({pct(ours, theirs)})")
-    lines.append(f"activations at the end of forward {gib(fwd)} GiB vs saved for backward "
+    lines.append(f"activations when backward starts {gib(fwd)} GiB vs saved for backward "
                  f"(own hooks) {gib(r['saved_independent'])} ({pct(fwd, r['saved_independent'])})")
     lines.append(f"saved for backward in the capture's step {gib(r['capture_saved'])} GiB vs "
                  f"own hooks {gib(r['saved_independent'])} "

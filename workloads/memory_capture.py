@@ -226,7 +226,7 @@ class StepObserver:
             p.untyped_storage().data_ptr() for root in roots for p in root.parameters()
         }
         self.stack: list[str] = []
-        # storage ptr -> (bytes, module path, saved before the forward range ended)
+        # storage ptr -> (bytes, module path, saved before backward started)
         self.saved: dict[int, tuple[int, str, bool]] = {}
         self.phases: list[dict[str, Any]] = []
         self.handles: list[Any] = []
@@ -267,9 +267,9 @@ class StepObserver:
         ptr = storage.data_ptr()
         if ptr not in self.saved and ptr not in self.param_ptrs:
             path = self.stack[-1] if self.stack else ""
-            # saved in forward, or by a recomputation inside backward (checkpointing)
-            in_forward = not any(m["phase"] == "forward_pass" for m in self.phases)
-            self.saved[ptr] = (storage.nbytes(), path, in_forward)
+            # saved before backward, or by a recomputation inside it (checkpointing)
+            before_backward = torch._C._current_graph_task_id() == -1
+            self.saved[ptr] = (storage.nbytes(), path, before_backward)
         return tensor
 
     def _phase_ended(self, name: str) -> None:
@@ -309,7 +309,7 @@ def allocator_view(
 ) -> dict[str, Any]:
     """One step under the allocator's history: curve, peak, categories at the peak, phases,
     bytes saved for backward per module. Without ``hooks`` (compiled code) the activations
-    are the blocks allocated in forward and alive when it ends."""
+    are the blocks allocated before backward and alive when it starts."""
     observer = StepObserver(owners["modules"], device)
     grads_before = _grad_ptrs(owners)
     synchronize(device)
@@ -347,8 +347,7 @@ def allocator_view(
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)
     forward = set() if hooks else forward_alive(observer.phases, live_at_start, trace)
-    forward_end = _forward_end(observer.phases)
-    by_category = categorize(live, owners_by_ptr, forward_end, forward)
+    by_category = categorize(live, owners_by_ptr, _backward_start(observer.phases), forward)
     peak = curve[peak_at][1] if curve else start_bytes
     return {
         "peak_allocated_bytes": max(peak, start_bytes),
@@ -360,10 +359,10 @@ def allocator_view(
         "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
         "step_ms": step_ms,
         "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks),
-        "at_forward_end": at_forward_end(
+        "at_backward_start": at_backward_start(
             observer.phases, live_at_start, trace, owners_by_ptr, forward
         ),
-        "activations_from": "saved_tensors_hooks" if hooks else "alive at the end of forward",
+        "activations_from": "saved_tensors_hooks" if hooks else "alive when backward starts",
         "saved_by_module": saved_by_module(observer.saved),
         "saved_bytes": sum(b for b, _, _ in observer.saved.values()),
         "history_entries": len(trace),
@@ -394,19 +393,21 @@ def _allocations(snapshot: dict[str, Any], device: torch.device) -> list[dict[st
     ]
 
 
-def _forward_end(marks: list[dict[str, Any]]) -> int | None:
-    return next((m["trace_index"] for m in marks if m["phase"] == "forward_pass"), None)
+def _backward_start(marks: list[dict[str, Any]]) -> int | None:
+    """Where backward starts in the history: the end of the loss range, else of forward."""
+    ends = {m["phase"]: m["trace_index"] for m in marks}
+    return ends.get("loss_computation", ends.get("forward_pass"))
 
 
-def at_forward_end(
+def at_backward_start(
     marks: list[dict[str, Any]],
     start: dict[int, int],
     trace: list[dict[str, Any]],
     spans: list[tuple[int, int, str, int]],
     forward: set[tuple[int, int]],
 ) -> dict[str, int] | None:
-    """Bytes by category alive when the forward range ends (activations: all saved)."""
-    end = _forward_end(marks)
+    """Bytes by category alive when backward starts (the activations: all saved)."""
+    end = _backward_start(marks)
     if end is None:
         return None
     return categorize(live_after(start, trace, end - 1), spans, end, forward)
@@ -415,9 +416,9 @@ def at_forward_end(
 def forward_alive(
     marks: list[dict[str, Any]], start: dict[int, int], trace: list[dict[str, Any]]
 ) -> set[tuple[int, int]]:
-    """(address, allocation index) of the blocks allocated in forward (from the step's
-    start) and alive when it ends."""
-    end = _forward_end(marks)
+    """(address, allocation index) of the blocks allocated in forward and the loss (from the
+    step's start) and alive when backward starts."""
+    end = _backward_start(marks)
     if end is None:
         return set()
     return {(a, born) for a, (_, born) in live_after(start, trace, end - 1).items() if born >= 0}
@@ -482,11 +483,12 @@ def _grad_ptrs(owners: dict[str, list[Any]]) -> list[tuple[int, int]]:
 
 
 # When a storage owns a block, by the block's allocation (its trace index, -1: before the
-# step; F: where the forward range ended): parameters and optimizer state always; last step's
+# step; B: where backward starts): parameters and optimizer state always; last step's
 # gradients only a block from before the step; this step's gradients one from before it or
-# from backward; a tensor saved in forward a block from before F, one saved by a recomputation
-# inside backward a block from after F. An address freed and reused is another tensor.
-ANY, BEFORE_STEP, UP_TO_FORWARD, AFTER_FORWARD, GRADIENT = range(5)
+# from backward; a tensor saved before backward a block from before B, one saved by a
+# recomputation inside backward a block from after B. An address freed and reused is
+# another tensor.
+ANY, BEFORE_STEP, BEFORE_BACKWARD, IN_BACKWARD, GRADIENT = range(5)
 
 
 def category_owners(
@@ -518,44 +520,44 @@ def category_owners(
     for optimizer in owners["optimizers"]:
         for t in optimizer_tensors(optimizer):
             add(*storage(t), "optimizer_state", ANY)
-    for ptr, (nbytes, _, in_forward) in saved.items():
-        add(ptr, nbytes, "activations", UP_TO_FORWARD if in_forward else AFTER_FORWARD)
+    for ptr, (nbytes, _, before_backward) in saved.items():
+        add(ptr, nbytes, "activations", BEFORE_BACKWARD if before_backward else IN_BACKWARD)
     return sorted((ptr, ptr + max(n, 1), c, w) for (ptr, c, w), n in spans.items())
 
 
-def _owns(when: int, born: int, forward_end: int | None) -> bool:
+def _owns(when: int, born: int, backward_start: int | None) -> bool:
     """Whether a storage of ``when`` can be the tensor of a block allocated at ``born``."""
-    if when == ANY or forward_end is None:
+    if when == ANY or backward_start is None:
         return when != BEFORE_STEP or born < 0
     return {
         BEFORE_STEP: born < 0,
-        UP_TO_FORWARD: born < forward_end,
-        AFTER_FORWARD: born >= forward_end,
-        GRADIENT: born < 0 or born >= forward_end,
+        BEFORE_BACKWARD: born < backward_start,
+        IN_BACKWARD: born >= backward_start,
+        GRADIENT: born < 0 or born >= backward_start,
     }[when]
 
 
 def categorize(
     live: dict[int, tuple[int, int]],
     spans: list[tuple[int, int, str, int]],
-    forward_end: int | None,
+    backward_start: int | None,
     forward: set[tuple[int, int]] = frozenset(),
 ) -> dict[str, int]:
     """Bytes by category of the live blocks (address -> size, allocation index). A block's
     bytes go to the owned storages inside it (where storages overlap, parameters before
     gradients before optimizer state before activations: ``adamw_master``'s fp32 parameters
-    are views of its master weights); the block's rounding slack to its largest owner. A
-    block no storage owns: activations (``forward``: made in forward and alive at its end,
-    where no hook saw what was saved), temporaries (allocated in the step) or other (alive
-    before it)."""
+    are views of its master weights); the rest of an owned block (the allocator's rounding) to
+    other. A block no storage owns: activations (``forward``: made before backward and alive
+    when it starts, where no hook saw what was saved), temporaries (allocated in the step) or
+    other (alive before it)."""
     index = OwnerIndex(spans)
     out = dict.fromkeys(CATEGORIES, 0)
     for addr, (size, born) in live.items():
-        owned = index.owners(addr, size, born, forward_end)
+        owned = index.owners(addr, size, born, backward_start)
         if owned:
-            owned[max(owned, key=owned.get)] += size - sum(owned.values())
             for category, nbytes in owned.items():
                 out[category] += nbytes
+            out["other"] += size - sum(owned.values())  # the allocator's rounding
         elif (addr, born) in forward:
             out["activations"] += size
         else:
@@ -576,14 +578,14 @@ class OwnerIndex:
         for span in self.spans:
             self.max_end.append(max(span[1], self.max_end[-1] if self.max_end else span[1]))
 
-    def owners(self, addr: int, size: int, born: int, forward_end: int | None) -> dict[str, int]:
+    def owners(self, addr: int, size: int, born: int, backward_start: int | None) -> dict[str, int]:
         """Category -> bytes of [addr, addr + size) its storages cover (by priority)."""
         hi = bisect.bisect_left(self.starts, addr + size)
         pieces = []
         j = hi - 1
         while j >= 0 and self.max_end[j] > addr:
             start, end, category, when = self.spans[j]
-            if end > addr and _owns(when, born, forward_end):
+            if end > addr and _owns(when, born, backward_start):
                 pieces.append((max(start, addr), min(end, addr + size), category))
             j -= 1
         return _cover(pieces)

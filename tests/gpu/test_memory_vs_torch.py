@@ -6,7 +6,7 @@ ResNet-50 and GPT-2 (HuggingFace), each case in its own process, checked against
 * the categories at the peak summing to the peak within 2%;
 * parameters + gradients + optimizer state, from the capture's tensors, within 1% of their
   analytic bytes (each of the three alone where the optimizer is torch's AdamW);
-* eager cases: the activations alive at the end of forward within 5% of the bytes saved for
+* eager cases: the activations alive when backward starts within 5% of the bytes saved for
   backward counted by the script's own ``saved_tensors_hooks``;
 * the operator table: each op's calls and self size increase equal to ``torch.profiler``'s
   (``key_averages``) for at least 95% of the ops.
@@ -67,9 +67,9 @@ def check(case: dict) -> list[str]:
                 for k in keys if not within(case["capture_analytic"][k], case["analytic"][k],
                                             0.01)]
     if name in EAGER:
-        activations = (case.get("at_forward_end") or {}).get("activations") or 0
+        activations = (case.get("at_backward_start") or {}).get("activations") or 0
         if not within(activations, case["saved_independent"], 0.05):
-            bad.append(f"{name}: activations at the end of forward {activations} vs saved "
+            bad.append(f"{name}: activations when backward starts {activations} vs saved "
                        f"{case['saved_independent']}")
     ops, profiler = case["ops_capture"], case["ops_profiler"]
     same = sum(1 for op, row in ops.items() if op in profiler
