@@ -99,6 +99,11 @@ def run_case(name: str) -> dict[str, Any]:
         out["peak"] = record["peak_allocated_bytes"]
         out["at_peak"] = record["at_peak"]
         out["at_backward_start"] = record.get("at_backward_start")
+        # of those activations, the saved tensors (the rest: kept alive by other references)
+        kept = record.get("at_backward_start_activations_kept") or 0
+        activations = (out["at_backward_start"] or {}).get("activations", 0)
+        out["saved_at_backward_start"] = activations - kept
+        out["kept_at_backward_start"] = kept
         if args.cuda_graph == "step":
             out.update(graph_figures(step, device))
     return out
@@ -215,13 +220,15 @@ def report(r: dict[str, Any]) -> list[str]:
         lines.append(f"{key}: analytic {gib(r['analytic'][key])} GiB; capture's tensors "
                      f"{gib(got)} ({pct(got, r['analytic'][key])}); at the peak {gib(at_peak)}"
                      f" ({pct(at_peak, r['analytic'][key])})")
-    fwd = (r.get("at_backward_start") or {}).get("activations")
     ours = sum(r["capture_analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
     theirs = sum(r["analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
     lines.append(f"parameters + gradients + optimizer state: analytic {gib(theirs)} GiB; "
                  f"capture's tensors {gib(ours)} ({pct(ours, theirs)})")
-    lines.append(f"activations when backward starts {gib(fwd)} GiB vs saved for backward "
-                 f"(own hooks) {gib(r['saved_independent'])} ({pct(fwd, r['saved_independent'])})")
+    fwd = r.get("saved_at_backward_start")
+    lines.append(f"saved activations alive when backward starts {gib(fwd)} GiB vs saved for "
+                 f"backward (own hooks) {gib(r['saved_independent'])} "
+                 f"({pct(fwd, r['saved_independent'])}); kept alive otherwise "
+                 f"{gib(r.get('kept_at_backward_start'))} GiB")
     lines.append(f"saved for backward in the capture's step {gib(r['capture_saved'])} GiB vs "
                  f"own hooks {gib(r['saved_independent'])} "
                  f"({pct(r['capture_saved'], r['saved_independent'])})")

@@ -346,8 +346,12 @@ def allocator_view(
     owners_by_ptr = category_owners(owners, grads_before, observer.saved)
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)
-    forward = set() if hooks else forward_alive(observer.phases, live_at_start, trace)
+    # made before backward, alive when it starts, saved by no hook: what autograd or a
+    # checkpoint keeps otherwise (a checkpointed layer's input, the logits), or everything a
+    # compiled run's forward keeps (its hooks are off)
+    forward = forward_alive(observer.phases, live_at_start, trace)
     by_category = categorize(live, owners_by_ptr, _backward_start(observer.phases), forward)
+    at_backward = at_backward_start(observer.phases, live_at_start, trace, owners_by_ptr, forward)
     peak = curve[peak_at][1] if curve else start_bytes
     return {
         "peak_allocated_bytes": max(peak, start_bytes),
@@ -355,14 +359,20 @@ def allocator_view(
         "peak_reserved_bytes": max_reserved,
         "start_allocated_bytes": start_bytes,
         "peak_time_ms": (curve[peak_at][0] - started_us) / 1e3 if curve else None,
-        "at_peak": by_category,
+        "at_peak": {c: by_category[c] for c in CATEGORIES},
+        # of the activations, the bytes no saved-tensor hook saw (kept by autograd otherwise,
+        # a checkpoint's layer inputs; a compiled run's all)
+        "at_peak_activations_kept": by_category["activations_kept"],
         "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
         "step_ms": step_ms,
         "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks),
-        "at_backward_start": at_backward_start(
-            observer.phases, live_at_start, trace, owners_by_ptr, forward
+        "at_backward_start": at_backward and {c: at_backward[c] for c in CATEGORIES},
+        "at_backward_start_activations_kept": at_backward and at_backward["activations_kept"],
+        "activations_from": (
+            "saved for backward (saved_tensors_hooks), and kept alive into backward"
+            if hooks
+            else "kept alive into backward (no hooks on compiled code)"
         ),
-        "activations_from": "saved_tensors_hooks" if hooks else "alive when backward starts",
         "saved_by_module": saved_by_module(observer.saved),
         "saved_bytes": sum(b for b, _, _ in observer.saved.values()),
         "history_entries": len(trace),
@@ -419,8 +429,8 @@ def forward_alive(
     """(address, allocation index) of the blocks allocated in forward and the loss (from the
     step's start) and alive when backward starts."""
     end = _backward_start(marks)
-    if end is None:
-        return set()
+    if end is None or not any(m["phase"] == "backward_pass" for m in marks):
+        return set()  # no backward: nothing is kept for it
     return {(a, born) for a, (_, born) in live_after(start, trace, end - 1).items() if born >= 0}
 
 
@@ -548,10 +558,10 @@ def categorize(
     gradients before optimizer state before activations: ``adamw_master``'s fp32 parameters
     are views of its master weights); the rest of an owned block (the allocator's rounding) to
     other. A block no storage owns: activations (``forward``: made before backward and alive
-    when it starts, where no hook saw what was saved), temporaries (allocated in the step) or
-    other (alive before it)."""
+    when it starts; also counted alone as ``activations_kept``), temporaries (allocated in the
+    step) or other (alive before it)."""
     index = OwnerIndex(spans)
-    out = dict.fromkeys(CATEGORIES, 0)
+    out = dict.fromkeys((*CATEGORIES, "activations_kept"), 0)
     for addr, (size, born) in live.items():
         owned = index.owners(addr, size, born, backward_start)
         if owned:
@@ -560,6 +570,7 @@ def categorize(
             out["other"] += size - sum(owned.values())  # the allocator's rounding
         elif (addr, born) in forward:
             out["activations"] += size
+            out["activations_kept"] += size
         else:
             out["other" if born < 0 else "temporaries"] += size
     return out

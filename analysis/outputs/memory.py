@@ -66,6 +66,8 @@ METRIC_KEYS = (
     "history_entries",
     "capture_s",
     "notes",
+    "at_peak_activations_kept",
+    "activations_from",
 )
 
 
