@@ -22,7 +22,7 @@ capture of one step, then checks it against figures made without it:
 On a CPU only the activations, the analytic bytes and the operator table are compared (the
 curve, the peak and the categories need CUDA's allocator history): the cases ``gpt_tiny_cpu``
 and ``gpt_tiny_cpu_master``.
-Expected time on one H200: about 2-3 minutes for the default cases (compilation included).
+Sized for 2-3 minutes on one H200 with the default cases (compilation included).
 """
 
 from __future__ import annotations
