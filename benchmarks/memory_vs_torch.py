@@ -81,9 +81,11 @@ def run_case(name: str) -> dict[str, Any]:
     # before the graph exists; the graph's pool is measured after (below)
     start = time.perf_counter()
     record = memory_capture.capture(step, device, compiled=args.compile != "off")
-    out: dict[str, Any] = {"case": name, "capture_s": time.perf_counter() - start,
-                           "device": torch.cuda.get_device_name(device)
-                           if device.type == "cuda" else "cpu"}
+    out: dict[str, Any] = {
+        "case": name,
+        "capture_s": time.perf_counter() - start,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
     owners = memory_capture.find_owners(step)
     out["analytic"] = analytic(owners)
     out["capture_analytic"] = record["analytic"]
@@ -177,14 +179,16 @@ def profiler_ops(step: Any, device: Any) -> dict[str, dict[str, int]]:
 
     from workloads.device import synchronize
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, profile_memory=True) as prof:
         step()
         synchronize(device)
     field = "self_device_memory_usage" if device.type == "cuda" else "self_cpu_memory_usage"
-    return {e.key: {"calls": e.count, "self_size_increase_bytes": int(getattr(e, field))}
-            for e in prof.key_averages() if e.key.startswith("aten::")}
+    return {
+        e.key: {"calls": e.count, "self_size_increase_bytes": int(getattr(e, field))}
+        for e in prof.key_averages()
+        if e.key.startswith("aten::")
+    }
 
 
 def pct(a: float | None, b: float | None) -> str:
@@ -202,36 +206,50 @@ def report(r: dict[str, Any]) -> list[str]:
     lines = [f"== {r['case']} on {r['device']} (capture {r['capture_s']:.1f} s)"]
     if "peak" in r:
         plain = r["max_memory_allocated"]
-        lines.append(f"peak allocated GiB: capture {gib(r['peak'])} vs max_memory_allocated "
-                     f"{gib(plain)} ({pct(r['peak'], plain)})")
+        lines.append(
+            f"peak allocated GiB: capture {gib(r['peak'])} vs max_memory_allocated "
+            f"{gib(plain)} ({pct(r['peak'], plain)})"
+        )
         total = sum(r["at_peak"].values())
-        lines.append(f"categories at the peak, summed: {gib(total)} vs peak {gib(r['peak'])} "
-                     f"({pct(total, r['peak'])}); "
-                     + ", ".join(f"{k} {gib(v)}" for k, v in r["at_peak"].items()))
+        lines.append(
+            f"categories at the peak, summed: {gib(total)} vs peak {gib(r['peak'])} "
+            f"({pct(total, r['peak'])}); "
+            + ", ".join(f"{k} {gib(v)}" for k, v in r["at_peak"].items())
+        )
         if r.get("graph"):
             g = r["graph"]
-            lines.append(f"whole-step graph: its pool reserves {gib(g['cuda_graph_pool_bytes'])}"
-                         f" GiB; replays: max_memory_allocated {gib(g['peak_allocated_bytes'])},"
-                         f" held (with the pool's free bytes) {gib(g['peak_memory_bytes'])} vs "
-                         f"the captured step's peak {gib(r['peak'])}")
+            lines.append(
+                f"whole-step graph: its pool reserves {gib(g['cuda_graph_pool_bytes'])}"
+                f" GiB; replays: max_memory_allocated {gib(g['peak_allocated_bytes'])},"
+                f" held (with the pool's free bytes) {gib(g['peak_memory_bytes'])} vs "
+                f"the captured step's peak {gib(r['peak'])}"
+            )
     for key in ("parameters", "gradients", "optimizer_state"):
         got = r["capture_analytic"][key]
         at_peak = (r.get("at_peak") or {}).get(key)
-        lines.append(f"{key}: analytic {gib(r['analytic'][key])} GiB; capture's tensors "
-                     f"{gib(got)} ({pct(got, r['analytic'][key])}); at the peak {gib(at_peak)}"
-                     f" ({pct(at_peak, r['analytic'][key])})")
+        lines.append(
+            f"{key}: analytic {gib(r['analytic'][key])} GiB; capture's tensors "
+            f"{gib(got)} ({pct(got, r['analytic'][key])}); at the peak {gib(at_peak)}"
+            f" ({pct(at_peak, r['analytic'][key])})"
+        )
     ours = sum(r["capture_analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
     theirs = sum(r["analytic"][k] for k in ("parameters", "gradients", "optimizer_state"))
-    lines.append(f"parameters + gradients + optimizer state: analytic {gib(theirs)} GiB; "
-                 f"capture's tensors {gib(ours)} ({pct(ours, theirs)})")
+    lines.append(
+        f"parameters + gradients + optimizer state: analytic {gib(theirs)} GiB; "
+        f"capture's tensors {gib(ours)} ({pct(ours, theirs)})"
+    )
     fwd = r.get("saved_at_backward_start")
-    lines.append(f"saved activations alive when backward starts {gib(fwd)} GiB vs saved for "
-                 f"backward (own hooks) {gib(r['saved_independent'])} "
-                 f"({pct(fwd, r['saved_independent'])}); kept alive otherwise "
-                 f"{gib(r.get('kept_at_backward_start'))} GiB")
-    lines.append(f"saved for backward in the capture's step {gib(r['capture_saved'])} GiB vs "
-                 f"own hooks {gib(r['saved_independent'])} "
-                 f"({pct(r['capture_saved'], r['saved_independent'])})")
+    lines.append(
+        f"saved activations alive when backward starts {gib(fwd)} GiB vs saved for "
+        f"backward (own hooks) {gib(r['saved_independent'])} "
+        f"({pct(fwd, r['saved_independent'])}); kept alive otherwise "
+        f"{gib(r.get('kept_at_backward_start'))} GiB"
+    )
+    lines.append(
+        f"saved for backward in the capture's step {gib(r['capture_saved'])} GiB vs "
+        f"own hooks {gib(r['saved_independent'])} "
+        f"({pct(r['capture_saved'], r['saved_independent'])})"
+    )
     lines += op_lines(r["ops_capture"], r["ops_profiler"])
     return lines
 
@@ -243,22 +261,32 @@ def op_lines(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, int]])
     lines = ["op | capture self increase | profiler self | capture calls | profiler calls"]
     for row in top:
         other = theirs.get(row["op"], {})
-        lines.append(f"{row['op']} | {row['self_size_increase_bytes']} | "
-                     f"{other.get('self_size_increase_bytes', '–')} | {row['calls']} | "
-                     f"{other.get('calls', '–')}")
-    same = sum(1 for op, row in ours.items() if op in theirs and
-               theirs[op]["self_size_increase_bytes"] == row["self_size_increase_bytes"])
-    calls = sum(1 for op, row in ours.items() if op in theirs and
-                theirs[op]["calls"] == row["calls"])
-    lines.append(f"ops whose self size increase matches exactly: {same} of {len(ours)}; "
-                 f"whose calls match: {calls}")
+        lines.append(
+            f"{row['op']} | {row['self_size_increase_bytes']} | "
+            f"{other.get('self_size_increase_bytes', '–')} | {row['calls']} | "
+            f"{other.get('calls', '–')}"
+        )
+    same = sum(
+        1
+        for op, row in ours.items()
+        if op in theirs
+        and theirs[op]["self_size_increase_bytes"] == row["self_size_increase_bytes"]
+    )
+    calls = sum(
+        1 for op, row in ours.items() if op in theirs and theirs[op]["calls"] == row["calls"]
+    )
+    lines.append(
+        f"ops whose self size increase matches exactly: {same} of {len(ours)}; "
+        f"whose calls match: {calls}"
+    )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                   help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument(
+        "--cases", default=",".join(DEFAULT_CASES), help=f"comma-separated, of {', '.join(CASES)}"
+    )
     p.add_argument("--out", type=Path, default=None, help="all figures as JSON")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a case, in this process
     args = p.parse_args(argv)
@@ -267,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results, failed = [], 0
     for name in args.cases.split(","):
-        done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True,
-                              text=True, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", name], capture_output=True, text=True, cwd=REPO
+        )
         if done.returncode != 0:
             failed += 1
             print(f"== {name}: failed\n{done.stderr[-3000:]}")

@@ -38,11 +38,38 @@ def test_real_processes_find_the_batch_and_the_oom_one_up(tmp_path: Path) -> Non
     # ~1.2 GB of address space here), batch 2 (~1.6 GB) runs out of memory
     out = tmp_path / "maxbatch.json"
     done = subprocess.run(
-        [sys.executable, "-m", "workloads.maxbatch", "--bound", "8", "--out", str(out), "--",
-         "gpt", "--size", "tiny", "--mode", "train", "--context", "2048", "--attention",
-         "naive", "--device", "cpu", "--warmup", "0", "--steps", "1",
-         "--memory_limit_mb", "1450"],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "workloads.maxbatch",
+            "--bound",
+            "8",
+            "--out",
+            str(out),
+            "--",
+            "gpt",
+            "--size",
+            "tiny",
+            "--mode",
+            "train",
+            "--context",
+            "2048",
+            "--attention",
+            "naive",
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--memory_limit_mb",
+            "1450",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(out.read_text())
     rows = {r["batch"]: r for r in found["tried"]}

@@ -37,9 +37,25 @@ def tiny_workload():
 def test_capture_process_writes_the_cpu_view(tmp_path: Path) -> None:
     out, memory = tmp_path / "times.json", tmp_path / "memory.json"
     done = subprocess.run(
-        [sys.executable, "-m", "workloads", *shlex.split(TINY), "--warmup", "1", "--steps", "1",
-         "--out", str(out), "--memory_out", str(memory)],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "workloads",
+            *shlex.split(TINY),
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--out",
+            str(out),
+            "--memory_out",
+            str(memory),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     record, view = json.loads(out.read_text()), json.loads(memory.read_text())
     assert record["status"] == "ok" and record["memory_capture"]["status"] == "ok"
@@ -60,8 +76,7 @@ def test_operator_table_matches_the_profiler_per_op() -> None:
     workload = tiny_workload()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         workload.step()
-    ours = {r["op"]: r for r in memory_capture.op_table(prof.profiler.kineto_results.events(),
-                                                        CPU)}
+    ours = {r["op"]: r for r in memory_capture.op_table(prof.profiler.kineto_results.events(), CPU)}
     theirs = {e.key: e for e in prof.key_averages() if e.key.startswith("aten::")}
     assert set(ours) == set(theirs)
     for op, row in ours.items():
@@ -117,9 +132,13 @@ def test_the_analysis_knows_the_captures_categories_without_torch() -> None:
     from analysis.outputs import figures_memory, memory
 
     assert memory.CATEGORIES == figures_memory.CATEGORIES == memory_capture.CATEGORIES
-    done = subprocess.run([sys.executable, "-c", "import analysis.cli, sys; "
-                           "print('torch' in sys.modules)"], cwd=REPO, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import analysis.cli, sys; print('torch' in sys.modules)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.strip() == "False"
 
 
@@ -145,8 +164,10 @@ def test_smoke_run_has_the_memory_view(smoke_workdir: Path) -> None:
     ops = pd.read_csv(run / "stats" / "memory_ops.csv")
     assert (ops["self_allocation_count"] > 0).any() and "aten::mm" in set(ops["op"])
     modules = pd.read_csv(run / "stats" / "memory_modules.csv")
-    assert modules.loc[modules["module"] == "layers.0.attn.q_proj",
-                       "saved_for_backward_bytes"].iloc[0] > 0
+    assert (
+        modules.loc[modules["module"] == "layers.0.attn.q_proj", "saved_for_backward_bytes"].iloc[0]
+        > 0
+    )
     assert (run / "trace" / "memory.png").read_bytes()[:4] == b"\x89PNG"
     # its own process, its time in the job log; no other run has one
     assert (out / "logs" / "benchmark" / "profile_memory" / "gpt_tiny_train_bf16.jsonl").is_file()

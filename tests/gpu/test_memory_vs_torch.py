@@ -39,8 +39,18 @@ TORCH_ADAMW = {"gpt_small_eager", "resnet50", "gpt2_hf"}
 def run_benchmark() -> list[dict]:
     out = Path(os.environ.get("OUT") or tempfile.mkdtemp()) / "memory_vs_torch.json"
     done = subprocess.run(
-        [sys.executable, "benchmarks/memory_vs_torch.py", "--cases", ",".join(CASES),
-         "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+        [
+            sys.executable,
+            "benchmarks/memory_vs_torch.py",
+            "--cases",
+            ",".join(CASES),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -63,18 +73,26 @@ def check(case: dict) -> list[str]:
     if not within(ours, theirs, 0.01):
         bad.append(f"{name}: parameters+gradients+optimizer {ours} vs analytic {theirs}")
     if name in TORCH_ADAMW:
-        bad += [f"{name}: {k} {case['capture_analytic'][k]} vs analytic {case['analytic'][k]}"
-                for k in keys if not within(case["capture_analytic"][k], case["analytic"][k],
-                                            0.01)]
+        bad += [
+            f"{name}: {k} {case['capture_analytic'][k]} vs analytic {case['analytic'][k]}"
+            for k in keys
+            if not within(case["capture_analytic"][k], case["analytic"][k], 0.01)
+        ]
     if name in EAGER:
         activations = case.get("saved_at_backward_start") or 0
         if not within(activations, case["saved_independent"], 0.05):
-            bad.append(f"{name}: activations when backward starts {activations} vs saved "
-                       f"{case['saved_independent']}")
+            bad.append(
+                f"{name}: activations when backward starts {activations} vs saved "
+                f"{case['saved_independent']}"
+            )
     ops, profiler = case["ops_capture"], case["ops_profiler"]
-    same = sum(1 for op, row in ops.items() if op in profiler
-               and profiler[op]["calls"] == row["calls"]
-               and profiler[op]["self_size_increase_bytes"] == row["self_size_increase_bytes"])
+    same = sum(
+        1
+        for op, row in ops.items()
+        if op in profiler
+        and profiler[op]["calls"] == row["calls"]
+        and profiler[op]["self_size_increase_bytes"] == row["self_size_increase_bytes"]
+    )
     if same < 0.95 * len(ops):
         bad.append(f"{name}: {same} of {len(ops)} ops match torch.profiler")
     return bad
