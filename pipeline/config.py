@@ -44,7 +44,8 @@ PIPELINE_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     # shapes) for the run's operator table; its ranges slow the step (docs/analysis.md)
     "ops": ((bool, str), False),
     # the memory capture (a third process, docs/analysis.md "Where the memory goes"): auto =
-    # every captured single-process run where the jobs have a GPU; true / false = always / never
+    # every captured single-process GPU run (`device: cuda`, or any device in a config with
+    # `gpu: required`); true / false = always / never
     "memory": ((bool, str), "auto"),
 }
 # The values a pipeline key may take, where its type alone does not say.
@@ -445,13 +446,19 @@ class Plan:
         """The profiled runs that also get the op capture (`ops: true | shapes`)."""
         return {n: p for n, p in self.profiled.items() if pipeline_settings(p)["ops"]}
 
-    def memory_captured(self, has_gpu: bool) -> dict[str, dict[str, Any]]:
+    @property
+    def memory_captured(self) -> dict[str, dict[str, Any]]:
         """The profiled runs that also get the memory capture (`memory: auto | true`): with
-        `auto`, single-process runs on a machine with a GPU (never device: cpu)."""
+        `auto`, the single-process GPU runs: `device: cuda`, or `auto` in a GPU config
+        (`gpu: required`). From the config alone, so every invocation (a run, its report, a
+        cluster's submission) plans the same jobs."""
+        gpu_config = self.config.get("gpu") == "required"
+
         def wanted(p: dict[str, Any]) -> bool:
             memory = pipeline_settings(p)["memory"]
             if memory == "auto":
-                return has_gpu and ranks(p) == 1 and p.get("device", "auto") != "cpu"
+                device = p.get("device", "auto")
+                return ranks(p) == 1 and (device == "cuda" or (device == "auto" and gpu_config))
             return memory is True
         return {n: p for n, p in self.profiled.items() if wanted(p)}
 

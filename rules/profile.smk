@@ -195,13 +195,11 @@ use rule profile as profile_ops with:
 
 
 # The memory capture (run key `memory: auto | true | false`; auto: every captured
-# single-process run where the jobs have a GPU): its own process, neither timed nor under
+# single-process GPU run, pipeline/config.py): its own process, neither timed nor under
 # nsys, so the timing and the capture above stay as they are. After the run's warm-up and
 # measured steps it runs three more, under the allocator's history, MemTracker and the
 # profiler's memory events (workloads/memory_capture.py); rule memory_stats makes its tables.
-MEMORY_CAPTURED = PLAN.memory_captured(
-    has_gpu=bool(_gpus.host_gpus()) if runs_on_this_machine() else True
-)
+MEMORY_CAPTURED = PLAN.memory_captured
 
 
 rule profile_memory:
@@ -216,7 +214,9 @@ rule profile_memory:
     benchmark:
         f"{LOGS}/benchmark/profile_memory/{{run}}.jsonl"
     params:
-        workload=lambda wc: workload_args(wc.run),
+        # the run's command line with one measured step: its warm-up (compilation) as the
+        # run's, the capture's steps after it (their times are no result)
+        workload=lambda wc: f"{workload_args(wc.run)} --steps 1",
         guard=GUARD,
         python=PYTHON,
     resources:

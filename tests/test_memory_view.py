@@ -115,15 +115,18 @@ def smoke_config(**run: object) -> dict:
 
 def test_memory_key_turns_the_capture_on_and_off() -> None:
     plan = resolve(smoke_config())
-    assert list(plan.memory_captured(has_gpu=False)) == ["gpt_tiny_train_bf16"]
-    auto = resolve(smoke_config(memory="auto"))
-    assert auto.memory_captured(has_gpu=False) == {}
-    assert "gpt_tiny_train_bf16" in auto.memory_captured(has_gpu=True)
-    assert "attention_core_math" not in auto.memory_captured(has_gpu=True)  # no capture
-    off = resolve(smoke_config(memory=False))
-    assert "gpt_tiny_train_bf16" not in off.memory_captured(has_gpu=True)
-    cpu = resolve(smoke_config(memory="auto", device="cpu"))
-    assert "gpt_tiny_train_bf16" not in cpu.memory_captured(has_gpu=True)
+    assert list(plan.memory_captured) == ["gpt_tiny_train_bf16"]
+    assert resolve(smoke_config(memory="auto")).memory_captured == {}  # no GPU config
+    assert (
+        "gpt_tiny_train_bf16" in resolve(smoke_config(memory="auto", device="cuda")).memory_captured
+    )
+    gpu = resolve({**smoke_config(memory="auto"), "gpu": "required"})
+    assert "gpt_tiny_train_bf16" in gpu.memory_captured
+    assert "attention_core_math" not in gpu.memory_captured  # no capture, no memory capture
+    off = resolve({**smoke_config(memory=False), "gpu": "required"})
+    assert "gpt_tiny_train_bf16" not in off.memory_captured
+    cpu = resolve({**smoke_config(memory="auto", device="cpu"), "gpu": "required"})
+    assert "gpt_tiny_train_bf16" not in cpu.memory_captured
     with pytest.raises(ConfigError, match="gpt_tiny_train_bf16.memory"):
         resolve(smoke_config(memory="yes"))
 

@@ -257,7 +257,8 @@ def planned_runs(workdir: Path) -> list[dict]:
 def device_jobs(workdir: Path) -> int:
     """The run's GPU jobs, from its plan: the calibration (the smoke config's default), a
     timing job per run, a capture per captured run and an op capture and a memory capture
-    per run that asks for one (on a host without a GPU, `memory: auto` asks for none)."""
+    per run that asks for one (the smoke config is no GPU config: `memory: auto` asks for
+    none)."""
     runs = planned_runs(workdir)
     return (1 + len(runs) + sum(r["profile"] for r in runs) + sum(bool(r["ops"]) for r in runs)
             + sum(r.get("memory") is True for r in runs))
