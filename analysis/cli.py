@@ -2,7 +2,8 @@
 
 Per run (one export): ``stats`` (the seven nsys reports), ``extras`` (what nsys lacks)
 and ``all`` (both, reading the export once: what the pipeline runs); ``ops`` (the operator
-table of an op capture); ``ranks`` (one distributed run's per-rank exports together);
+table of an op capture); ``memory`` (the memory view of a memory capture); ``ranks`` (one
+distributed run's per-rank exports together);
 ``trace`` (a Perfetto trace and a timeline figure of the measured steps).
 Across runs:
 ``compare`` (A vs B captures), ``aggregate`` (summary.csv), ``speedup`` (untraced A vs B
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from analysis.metrics.extras import RunInputs, write_extras
+from analysis.outputs import memory
 from analysis.outputs.compare import compare, format_table
 from analysis.reading import Export, ExportError
 from analysis.reports import REPORTS
@@ -85,6 +87,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     cp.add_argument("a", type=Path, help="A: .sqlite export, run folder or its stats folder")
     cp.add_argument("b", type=Path, help="B: .sqlite export, run folder or its stats folder")
     cp.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    memory.add_command(sub)
     rk = sub.add_parser("ranks", help="one distributed run across its ranks' exports")
     rk.set_defaults(handler=run_ranks)
     rk.add_argument("exports", type=Path, nargs="+", help="each rank's export, in rank order")

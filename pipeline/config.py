@@ -43,9 +43,14 @@ PIPELINE_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     # true / shapes: a second, opt-in capture with PyTorch's op ranges (record_shapes with
     # shapes) for the run's operator table; its ranges slow the step (docs/analysis.md)
     "ops": ((bool, str), False),
+    # the memory capture (a third process, docs/analysis.md "Where the memory goes"): auto =
+    # every captured single-process GPU run (`device: cuda`, or any device in a config with
+    # `gpu: required`); true / false = always / never
+    "memory": ((bool, str), "auto"),
 }
 # The values a pipeline key may take, where its type alone does not say.
-PIPELINE_KEY_VALUES: dict[str, tuple[Any, ...]] = {"ops": (False, True, "shapes")}
+PIPELINE_KEY_VALUES: dict[str, tuple[Any, ...]] = {"ops": (False, True, "shapes"),
+                                                   "memory": ("auto", True, False)}
 # What the workload's --op_ranges flag gets for each `ops` value (the op capture only).
 OP_RANGES_FLAG = {True: "on", "shapes": "shapes"}
 
@@ -381,6 +386,8 @@ def check_parallel(runs: dict[str, dict[str, Any]]) -> None:
         if params.get("gpus", 1) > 1 and params.get("parallel", "none") == "none":
             raise ConfigError(f"runs.{name}.gpus",
                               "gpus > 1 needs parallel: ddp or fsdp (docs/distributed.md)")
+        if params.get("memory") is True and params.get("parallel", "none") != "none":
+            raise ConfigError(f"runs.{name}.memory", "the memory capture is of one process")
         if params.get("ops") and params.get("parallel", "none") != "none":
             raise ConfigError(f"runs.{name}.ops", "the op capture is of one process; a "
                               "distributed run's CPU captures have op ranges already")
@@ -438,6 +445,22 @@ class Plan:
     def op_captured(self) -> dict[str, dict[str, Any]]:
         """The profiled runs that also get the op capture (`ops: true | shapes`)."""
         return {n: p for n, p in self.profiled.items() if pipeline_settings(p)["ops"]}
+
+    @property
+    def memory_captured(self) -> dict[str, dict[str, Any]]:
+        """The profiled runs that also get the memory capture (`memory: auto | true`): with
+        `auto`, the single-process GPU runs: `device: cuda`, or `auto` in a GPU config
+        (`gpu: required`). From the config alone, so every invocation (a run, its report, a
+        cluster's submission) plans the same jobs."""
+        gpu_config = self.config.get("gpu") == "required"
+
+        def wanted(p: dict[str, Any]) -> bool:
+            memory = pipeline_settings(p)["memory"]
+            if memory == "auto":
+                device = p.get("device", "auto")
+                return ranks(p) == 1 and (device == "cuda" or (device == "auto" and gpu_config))
+            return memory is True
+        return {n: p for n, p in self.profiled.items() if wanted(p)}
 
     def op_capture_args(self, run: str) -> str:
         """The op capture's `python -m workloads` command line: the run's, plus its op

@@ -112,6 +112,8 @@ rule aggregate:
         times=expand(f"{RESULTS}/{{run}}/times.json", run=PROFILED),
         metrics=expand(f"{RESULTS}/{{run}}/stats/metrics.json", run=PROFILED),
         ops=expand(f"{RESULTS}/{{run}}/stats/ops_metrics.json", run=OP_CAPTURED),
+        # the memory view's peak and categories (memory_* columns)
+        memory=expand(f"{RESULTS}/{{run}}/stats/memory_metrics.json", run=MEMORY_CAPTURED),
     output:
         report(
             f"{RESULTS}/summary.csv",
@@ -246,3 +248,44 @@ rule compare:
 # "Timeline and trace").
 TRACE_FILES = ["trace.perfetto-trace.gz", "timeline.png"]
 TRACE_OUTPUTS = expand(f"{RESULTS}/{{run}}/trace/{{name}}", run=PROFILED, name=TRACE_FILES)
+
+
+# Per run with a memory capture (rules/profile.smk: profile_memory): its memory view.
+MEMORY_STATS = ["memory_metrics.json", "memory_ops.csv", "memory_modules.csv",
+                "memory_phases.csv"]
+
+
+rule memory_stats:
+    """Where a run's memory goes: peak allocated and reserved, the bytes by category at the
+    peak, per ATen op and per module, per phase, and the memory figure beside the timeline
+    (python -m analysis memory; docs/analysis.md "Where the memory goes")."""
+    input:
+        image=IMAGE_INPUT,
+        memory=f"{RESULTS}/{{run}}/memory.json",
+        times=f"{RESULTS}/{{run}}/memory_times.json",
+    output:
+        metrics=f"{RESULTS}/{{run}}/stats/memory_metrics.json",
+        ops=report(
+            f"{RESULTS}/{{run}}/stats/memory_ops.csv",
+            caption="../report/run_memory.rst",
+            category="4. Runs",
+            subcategory="{run}",
+        ),
+        modules=f"{RESULTS}/{{run}}/stats/memory_modules.csv",
+        phases=f"{RESULTS}/{{run}}/stats/memory_phases.csv",
+        figure=report(
+            f"{RESULTS}/{{run}}/trace/memory.png",
+            caption="../report/run_memory.rst",
+            category="4. Runs",
+            subcategory="{run}",
+        ),
+    log:
+        f"{LOGS}/memory_stats/{{run}}.log",
+    params:
+        python=PYTHON,
+        outdir=lambda wc, output: os.path.dirname(output.metrics),
+    container:
+        RULE_CONTAINER
+    shell:
+        "{params.python} -m analysis memory {input.memory} -o {params.outdir}"
+        " --figure {output.figure} --name {wildcards.run} > {log} 2>&1"

@@ -192,3 +192,44 @@ use rule profile as profile_ops with:
     params:
         workload=lambda wc: op_capture_args(wc.run),
         stats="false",
+
+
+# The memory capture (run key `memory: auto | true | false`; auto: every captured
+# single-process GPU run, pipeline/config.py): its own process, neither timed nor under
+# nsys, so the timing and the capture above stay as they are. After the run's warm-up and
+# measured steps it runs three more, under the allocator's history, MemTracker and the
+# profiler's memory events (workloads/memory_capture.py); rule memory_stats makes its tables.
+MEMORY_CAPTURED = PLAN.memory_captured
+
+
+rule profile_memory:
+    """One run's memory capture: memory.json (and its record, memory_times.json)."""
+    input:
+        image=IMAGE_INPUT,
+    output:
+        memory=f"{RESULTS}/{{run}}/memory.json",
+        times=f"{RESULTS}/{{run}}/memory_times.json",
+    log:
+        f"{LOGS}/profile_memory/{{run}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/profile_memory/{{run}}.jsonl"
+    params:
+        # the run's command line with one measured step: its warm-up (compilation) as the
+        # run's, the capture's steps after it (their times are no result)
+        workload=lambda wc: f"{workload_args(wc.run)} --steps 1",
+        guard=GUARD,
+        python=PYTHON,
+    resources:
+        gpu=1,
+        mem_mb=gpu_job_mem_mb,
+        runtime=gpu_job_runtime,
+    container:
+        RULE_CONTAINER
+    shell:
+        # A failed run leaves an empty memory.json: its memory_times.json says why.
+        "{params.guard} --run {wildcards.run} --out {output.times} --device-lock"
+        " --expect {output.memory} --"
+        " {params.python} -m workloads {params.workload} --out {output.times}"
+        " --memory_out {output.memory} > {log} 2>&1;"
+        " {params.python} -m pipeline.outcome placeholders {output.times}"
+        " {output.memory} >> {log} 2>&1"

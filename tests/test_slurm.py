@@ -33,8 +33,8 @@ TARGETS = [
     f"{RESULTS}/compare/attention/speedup.csv",
 ]
 GPU_RULES = {"calibrate", "time_run", "profile"}
-# captures; the op capture is the whole matrix's, not the selection's
-CAPTURE_RULES = {"profile", "profile_ops"}
+# captures; the op and memory captures are the whole matrix's, not the selection's
+CAPTURE_RULES = {"profile", "profile_ops", "profile_memory"}
 DEVICE_RULES = GPU_RULES | CAPTURE_RULES
 ANALYSIS_RULES = {"run_stats", "aggregate", "speedup", "compare"}
 LOCAL_RULES = {"plan"}
@@ -256,10 +256,12 @@ def planned_runs(workdir: Path) -> list[dict]:
 
 def device_jobs(workdir: Path) -> int:
     """The run's GPU jobs, from its plan: the calibration (the smoke config's default), a
-    timing job per run, a capture per captured run and an op capture per run that asks for
-    one."""
+    timing job per run, a capture per captured run and an op capture and a memory capture
+    per run that asks for one (the smoke config is no GPU config: `memory: auto` asks for
+    none)."""
     runs = planned_runs(workdir)
-    return 1 + len(runs) + sum(r["profile"] for r in runs) + sum(bool(r["ops"]) for r in runs)
+    return (1 + len(runs) + sum(r["profile"] for r in runs) + sum(bool(r["ops"]) for r in runs)
+            + sum(r.get("memory") is True for r in runs))
 
 
 def capture_device_phases(workdir: Path) -> list[tuple[float, float]]:

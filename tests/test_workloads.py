@@ -145,6 +145,10 @@ RESULT_KEYS = {
     # host-bound steps: the wait in each step's synchronize (GPU only), the CPU's speed
     "sync_wait_ms",
     "cpu_probe_ms",
+    # the memory view: the step's peak with CUDA graphs' pools, reserved beside allocated
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "cuda_graph_pool_bytes",
 }
 
 

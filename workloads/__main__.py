@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, models, parallel, process_state, startgate
+from workloads import calibrate, flops, memory_capture, models, parallel, process_state, startgate
 from workloads.attention import SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         _flag(p, "out", type=Path, default=None, help="write the result JSON here")
         _flag(p, "op_ranges", choices=OP_RANGES, default="off",
               help="PyTorch's op ranges (NVTX) around the measured steps: the op capture")
+        _flag(p, "memory_out", type=Path, default=None,
+              help="the memory capture: after the measured steps, where the memory goes in "
+                   "three more steps, written here (workloads/memory_capture.py)")
 
     cal = sub.add_parser("calibrate", help="measured matmul TFLOP/s and copy GB/s of the device")
     _flag(cal, "out", type=Path, required=True)
@@ -142,6 +145,11 @@ def run_from_command_line(argv: list[str] | None) -> int:
     try:
         gpu = GpuStateRecorder(device)
         step, graph = workload.step, {}
+        memory = None
+        if args.memory_out is not None and args.cuda_graph == "step":
+            # the step the graph records, before the graph holds its pool (a replay
+            # allocates nothing the allocator could show)
+            memory = memory_before_graph(args, workload, device)
         if args.cuda_graph == "step":
             step, graph = whole_step_graph(step, device)
 
@@ -168,6 +176,9 @@ def run_from_command_line(argv: list[str] | None) -> int:
         record.result["cpu_probe_ms"] = probes
         if run:
             run.complete(record.result, workload.tokens_per_step)
+        if args.memory_out is not None:
+            record.result["memory_capture"] = write_memory_capture(
+                args.memory_out, workload, device, graph, args.compile != "off", memory)
     except BaseException as err:  # noqa: BLE001
         return record.finish_failed(err)
     record.write()
@@ -190,6 +201,8 @@ def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, A
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if parallel.is_distributed(args) or k not in parallel.ARGS}
     params.pop("workload")
+    if params.get("memory_out") is None:  # only the memory capture's record has it
+        params.pop("memory_out", None)
     params["device"] = device.type
     return params
 
@@ -199,7 +212,7 @@ def hashed_params(params: dict[str, Any]) -> dict[str, Any]:
     graphs off is every run before they existed (their config hash stays the same), and so
     is compiling each block; an uncompiled run's compile_blocks changes nothing."""
     return {k: v for k, v in params.items()
-            if k != "out" and (k, json.dumps(v)) not in NEW_DEFAULTS
+            if k not in ("out", "memory_out") and (k, json.dumps(v)) not in NEW_DEFAULTS
             and not (k == "compile_blocks" and params["compile"] == "off")}
 
 
@@ -270,6 +283,9 @@ class Record:
             tokens_per_s=workload.tokens_per_step / mean_s,
             params_count=workload.params_count,
             peak_memory_bytes=m.peak_memory_bytes,
+            peak_allocated_bytes=m.peak_allocated_bytes,
+            peak_reserved_bytes=m.peak_reserved_bytes,
+            cuda_graph_pool_bytes=m.cuda_graph_pool_bytes,
             losses=m.losses,
             model_flops_per_step=workload.flops_per_step,
             flops_per_step=workload.flops_per_step,
@@ -305,6 +321,7 @@ RESULT_TIMING_KEYS = (
     "median_ms", "std_ms", "min_ms", "max_ms", "tokens_per_s", "params_count", "peak_memory_bytes",
     "model_flops_per_step", "flops_per_step", "tflops", "peak_tflops", "mfu",
     "optimizer_bytes_per_step", "peak_memory_gbps", "sync_wait_ms", "cpu_probe_ms",
+    "peak_allocated_bytes", "peak_reserved_bytes", "cuda_graph_pool_bytes",
 )
 
 
@@ -325,6 +342,46 @@ def _speed(args: argparse.Namespace) -> Speed:
         compile_blocks=getattr(args, "compile_blocks", "each"),
         float8=getattr(args, "float8", "none"),
     )
+
+
+def memory_before_graph(args: argparse.Namespace, workload: Workload,
+                        device: torch.device) -> dict[str, Any]:
+    """A whole-step graph run's memory capture: its warm-up, then the capture of the step
+    the graph will record (the graph's pool is not there yet to add to it)."""
+    for _ in range(args.warmup):
+        workload.step()
+    return capture_memory(workload, device, args.compile != "off")
+
+
+def capture_memory(workload: Workload, device: torch.device, compiled: bool,
+                   graph: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory capture of the run's eager (or compiled) step; a failure is its result."""
+    start = time.perf_counter()
+    try:
+        result = {"status": "ok", **memory_capture.capture(workload.step, device, graph,
+                                                           compiled=compiled)}
+    except Exception as err:  # noqa: BLE001 - the run's timing stands; the memory view says why
+        traceback.print_exc()
+        result = {"status": "error", "message": f"{type(err).__name__}: {err}"}
+    result["capture_s"] = round(time.perf_counter() - start, 3)
+    return result
+
+
+def write_memory_capture(path: Path, workload: Workload, device: torch.device,
+                         graph: dict[str, Any], compiled: bool,
+                         before_graph: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory capture written to ``path`` (taken now, or before the whole-step graph
+    was captured: then with what the graph's pool reserves now); what it cost and whether
+    it worked, for the run's record."""
+    if before_graph is None:
+        result = capture_memory(workload, device, compiled, graph)
+    else:
+        result = before_graph
+        if device.type == "cuda" and result["status"] == "ok":
+            result["cuda_graph_pool_bytes"] = memory_capture.graph_pool_bytes(device)
+            result["notes"].append(memory_capture.GRAPH_NOTE)
+    write_whole(path, result)
+    return {"status": result["status"], "capture_s": result["capture_s"]}
 
 
 def whole_step_graph(step: Any, device: torch.device) -> tuple[Any, dict[str, Any]]:

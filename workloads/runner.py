@@ -37,7 +37,13 @@ class Measurement:
     losses: list[float] = field(default_factory=list)
     # CUDA-event times of the same steps (GPU-side), empty on CPU.
     cuda_event_times_ms: list[float] = field(default_factory=list)
+    # What the measured steps held at their peak (CUDA only): the allocator's peak of
+    # allocated bytes plus the free space of CUDA graphs' private pools, which a replay's
+    # kernels use without the allocator seeing it (workloads/memory_capture.py).
     peak_memory_bytes: int | None = None
+    peak_allocated_bytes: int | None = None  # the allocator's own peak (max_memory_allocated)
+    peak_reserved_bytes: int | None = None  # max_memory_reserved: the pools included
+    cuda_graph_pool_bytes: int | None = None  # reserved by CUDA graphs' private pools
     # Host-clock time of each warm-up step (compilation and autotuning happen there).
     warmup_times_ms: list[float] = field(default_factory=list)
     # Host time to enter and to leave the measured region (cudaProfilerStart + the range's
@@ -149,16 +155,39 @@ def run_steps(
     if after_measure is not None:
         after_measure()
 
+    # after the measured region: a snapshot of the allocator's segments costs no step time
+    memory = peak_memory(device) if on_cuda else {}
     return Measurement(
+        **memory,
         warmup_times_ms=warmup_ms,
         region_ms={"enter": round((entered - entering) * 1e3, 3),
                    "exit": round((left - leaving) * 1e3, 3)},
         step_times_ms=times_ms,
         losses=[float(loss) for loss in loss_tensors],
         cuda_event_times_ms=[start.elapsed_time(end) for start, end in event_pairs],
-        peak_memory_bytes=torch.cuda.max_memory_allocated(device) if on_cuda else None,
         sync_wait_ms=sync_waits,
     )
+
+
+def peak_memory(device: torch.device) -> dict[str, int]:
+    """The measured steps' peak: allocated, reserved, and what the step held (allocated plus
+    the free bytes of CUDA graphs' private pools: a graph replays into its whole pool)."""
+    pool_total, pool_free = graph_pools(device)
+    allocated = torch.cuda.max_memory_allocated(device)
+    return {"peak_memory_bytes": allocated + pool_free, "peak_allocated_bytes": allocated,
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "cuda_graph_pool_bytes": pool_total}
+
+
+def graph_pools(device: torch.device) -> tuple[int, int]:
+    """(reserved, of it free) bytes of the device's CUDA-graph private pools."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = free = 0
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        if segment["device"] == index and tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            total += segment["total_size"]
+            free += segment["total_size"] - segment["allocated_size"]
+    return total, free
 
 
 def _record_event() -> torch.cuda.Event:

@@ -55,8 +55,9 @@ FIRST = [
     "step_max_ms", "timing_processes", "timing_steps", "host_bound_share", "cpu_probe_spread",
     "timer", "step_ms_traced",
     "profiler_overhead", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_measured_peak",
-    "peak_memory_bytes", "compile_s",
+    "peak_memory_gib", "peak_reserved_gib", "peak_memory_bytes", "compile_s",
 ]  # fmt: skip
+GIB = 1024**3
 MEASURED_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp32": "fp32"}
 
 
@@ -154,6 +155,7 @@ def run_row(
     row["timer"] = first.get("timer")
     for key in ("peak_memory_bytes", "compile_s", "device_name", "torch", "cuda", "params_count"):
         row[key] = first.get(key)
+    row.update(peak_memory_columns(timing.ok_records))
     row.update({k: info[k] for k in ("ladder", "ladder_group", "rung_index", "rung") if k in info})
     row["profiled"] = bool(info.get("profile", True))
     row["ops"] = info.get("ops", False)
@@ -162,6 +164,7 @@ def run_row(
                             if k not in ("status", "message")}))
     if info.get("ops"):
         row.update(read_json(results / run / "stats" / "ops_metrics.json") or {})
+    row.update(memory_view_columns(results / run / "stats" / "memory_metrics.json"))
     row.update(roofline_columns(first, info["params"], metrics, calibration))
     row.update(flatten("gpu_state", {"flags": ";".join(gpu_flags(timing))}))
     row.update(flatten("provenance", first.get("provenance", {})))
@@ -170,6 +173,33 @@ def run_row(
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
     row["flags"] = ";".join(_flags(row, timing))  # last: the capture's metrics can raise one
     return row
+
+
+def peak_memory_columns(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The largest peak of the timing processes (what the step held: CUDA graphs' pools
+    included), in bytes and GiB, reserved beside allocated; none on a CPU run."""
+    out: dict[str, Any] = {}
+    for key in ("peak_memory_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                "cuda_graph_pool_bytes"):
+        values = [r[key] for r in records if r.get(key) is not None]
+        out[key] = max(values) if values else None
+    for key, column in (("peak_memory_bytes", "peak_memory_gib"),
+                        ("peak_reserved_bytes", "peak_reserved_gib")):
+        out[column] = out[key] / GIB if out[key] is not None else None
+    return out
+
+
+def memory_view_columns(path: Path) -> dict[str, Any]:
+    """A run's memory capture (stats/memory_metrics.json), as memory_* columns: its peak and
+    the bytes and share of each category at the peak."""
+    metrics = read_json(path) if path.is_file() else None
+    if not metrics:
+        return {}
+    keep = {k: metrics.get(k) for k in ("status", "peak_allocated_bytes", "peak_reserved_bytes",
+                                         "cuda_graph_pool_bytes", "saved_bytes", "capture_s")}
+    keep["at_peak"] = metrics.get("at_peak") or {}
+    keep["at_peak_share"] = metrics.get("at_peak_share") or {}
+    return flatten("memory", keep)
 
 
 def record_commits(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ each changed run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS
@@ -101,23 +103,31 @@ def _timing_source_md(runs: pd.DataFrame) -> list[str]:
             "and a single process's noise are part of the difference.", ""]
 
 
+def _peak_md(r: Any) -> str:
+    """Peak memory old → new (change), or – where a side has none (CPU runs)."""
+    old, new = getattr(r, "old_peak_gib", None), getattr(r, "new_peak_gib", None)
+    if old is None or new is None or pd.isna(old) or pd.isna(new):
+        return "–"
+    return f"{old:.2f} → {new:.2f} ({(new / old - 1) * 100:+.0f}%)"
+
+
 def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
     both = runs[runs["presence"] == "both"]
     rows = []
     for r in both.itertuples():
         if r.status != OK:
             rows.append([f"`{r.run}`", "–", "–", "–", "–", "–", f"failed ({r.status})",
-                         _cell(r.params_changed or "", 40)])
+                         "–", _cell(r.params_changed or "", 40)])
             continue
         rows.append([
             f"`{r.run}`", _ci_ms(r.old_ms, r.old_ci_low_ms, r.old_ci_high_ms),
             _ci_ms(r.new_ms, r.new_ci_low_ms, r.new_ci_high_ms), _pct(r.change_pct),
             f"{r.speedup:.3f} [{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]",
-            f"{r.noise_floor_pct:.0f}%", _verdict_md(r.verdict),
+            f"{r.noise_floor_pct:.0f}%", _verdict_md(r.verdict), _peak_md(r),
             _cell(r.params_changed or "", 40),
         ])
     header = ["run", "old ms [95% CI]", "new ms [95% CI]", "change", "old/new [95% CI]",
-              "noise floor", "verdict", "changed params"]
+              "noise floor", "verdict", "peak GiB old → new", "changed params"]
     note = ("Verdict: `slower`/`faster` only when the two 95% CIs do not overlap **and** the "
             "change (as a factor, new/old or old/new, minus 1) exceeds the run's noise floor: "
             f"the largest of the threshold ({threshold:.0%}), either side's relative CI "

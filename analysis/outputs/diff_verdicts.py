@@ -47,6 +47,7 @@ RUN_COLUMNS = [
     "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
     "new_noise_pct", "process_gap_pct", "old_timing_source", "new_timing_source",
     "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
+    "old_peak_gib", "new_peak_gib", "peak_change_pct",
 ]  # fmt: skip
 EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
                    "share_of_change"]
@@ -54,7 +55,8 @@ VERDICT_ORDER = {v: i for i, v in enumerate(VERDICTS)}
 NUMERIC_COLUMNS = [
     "old_ms", "old_ci_low_ms", "old_ci_high_ms", "new_ms", "new_ci_low_ms", "new_ci_high_ms",
     "change_pct", "speedup", "speedup_ci_low", "speedup_ci_high", "noise_floor_pct",
-    "old_noise_pct", "new_noise_pct", "process_gap_pct",
+    "old_noise_pct", "new_noise_pct", "process_gap_pct", "old_peak_gib", "new_peak_gib",
+    "peak_change_pct",
 ]  # fmt: skip
 
 
@@ -78,6 +80,7 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
     row["params_changed"] = params_changed(old.params(), new.params())
     (ot, osrc), (nt, nsrc) = old.timing(), new.timing()
     row.update(old_timing_source=osrc, new_timing_source=nsrc)
+    row.update(peak_columns(ot.records, nt.records))
     failed = [f"{side}: {t.status}" for side, t in (("old", ot), ("new", nt)) if t.status != OK]
     if failed:
         row["status"] = "; ".join(failed)
@@ -96,6 +99,18 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
         verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
     )  # fmt: skip
     return row
+
+
+def peak_columns(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
+    """Both sides' peak memory (GiB the step held: the largest of their processes' records)
+    and its change; none where a side has no peak (a CPU run, an older record)."""
+    def peak(records: list[dict[str, Any]]) -> float | None:
+        values = [r["peak_memory_bytes"] for r in records if r.get("peak_memory_bytes")]
+        return max(values) / 1024**3 if values else None
+
+    a, b = peak(old), peak(new)
+    return {"old_peak_gib": a, "new_peak_gib": b,
+            "peak_change_pct": (b / a - 1) * 100 if a and b else None}
 
 
 def params_changed(old: dict[str, Any], new: dict[str, Any]) -> str:

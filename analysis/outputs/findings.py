@@ -47,6 +47,7 @@ from analysis.outputs.finding_base import (
     run_rules,
 )
 from analysis.outputs.fp8_findings import FP8_RULES
+from analysis.outputs.memory_findings import MEMORY_RULES
 from analysis.outputs.runs import OK, empty_cell
 
 # Thresholds (documented in docs/findings.md; each rule says why its value).
@@ -385,4 +386,4 @@ RULES: list[Rule] = [
 
 def find_all(results: Path, summary: pd.DataFrame) -> list[Finding]:
     """Every rule, distributed runs' included, over every finished run, ranked."""
-    return run_rules(results, summary, [*RULES, *COMM_RULES, *FP8_RULES])
+    return run_rules(results, summary, [*RULES, *COMM_RULES, *FP8_RULES, *MEMORY_RULES])

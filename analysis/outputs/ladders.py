@@ -4,9 +4,9 @@
 
 One CSV per ladder and group (e.g. ``gpt_train_small.csv``): each rung's untraced step time
 with its 95% CI, the speed-up over the rung before and over the first rung (each with its CI
-and significance), MFU, peak memory, compile time, and the status of rungs that did not run
-(``oom``, ``unsupported``, ...). A failed rung is skipped when computing the next rung's gain:
-that rung is compared with the last rung that ran.
+and significance), MFU, peak memory (GiB the step held, and reserved), compile time, and the
+status of rungs that did not run (``oom``, ``unsupported``, ...). A failed rung is skipped
+when computing the next rung's gain: that rung is compared with the last rung that ran.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from analysis.outputs.runs import OK, read_timing
 
 SUMMARY_COLUMNS = [
     "status", "message", "step_ms", "step_ci_low_ms", "step_ci_high_ms", "unstable", "mfu",
-    "mfu_measured_peak", "tflops", "peak_memory_bytes", "compile_s", "step_ms_traced",
+    "mfu_measured_peak", "tflops", "peak_memory_gib", "peak_reserved_gib", "peak_memory_bytes",
+    "compile_s", "step_ms_traced",
     "profiler_overhead",
 ]  # fmt: skip
 

@@ -66,7 +66,8 @@ def ladder_table(ladders: dict[str, pd.DataFrame]) -> Grid:
     short = short_names(list(ladders))
     header = ["rung"]
     for name in ladders:
-        header += [f"{short[name]} ms/step [95% CI]", f"{short[name]} ×"]
+        header += [f"{short[name]} ms/step [95% CI]", f"{short[name]} ×",
+                   f"{short[name]} peak GiB"]
     rows = []
     for rung in _merged_rungs(ladders):
         row = [rung]
@@ -74,22 +75,29 @@ def ladder_table(ladders: dict[str, pd.DataFrame]) -> Grid:
             row += _rung_cells(table, rung)
         rows.append(row)
     caption = ("Untraced step time, median of the timing processes with its 95% CI; × is the "
-               "speed-up over the model's first rung; **bold**: its fastest rung.")
-    return Grid(header, rows, caption)
+               "speed-up over the model's first rung; **bold**: its fastest rung; peak GiB: "
+               "the memory the step held (docs/analysis.md, \"Where the memory goes\").")
+    return Grid(header, rows, caption).without_empty_columns()
 
 
 def _rung_cells(table: pd.DataFrame, rung: str) -> list[str]:
     hit = table[table["rung"].astype(str) == rung]
     if hit.empty:
-        return [EMPTY, ""]
+        return [EMPTY, "", EMPTY]
     row, best, first = hit.iloc[0], _best(table), table.iloc[0]
     if row["status"] != OK:
-        return [str(row["status"]), ""]
+        return [str(row["status"]), "", EMPTY]
     cell = step_cell(row)
     if best is not None and best["run"] == row["run"]:
         cell = f"**{cell}**"
     speedup = number(first["step_ms"]) / row["step_ms"] if number(first["step_ms"]) else None
-    return [cell, EMPTY if speedup is None else f"{speedup:.1f}×"]
+    return [cell, EMPTY if speedup is None else f"{speedup:.1f}×", gib(row)]
+
+
+def gib(row: pd.Series) -> str:
+    """The peak memory cell (peak_memory_gib of the ladder table)."""
+    value = number(row.get("peak_memory_gib"))
+    return EMPTY if value is None else f"{value:.2f}"
 
 
 def best_configurations(ladders: dict[str, pd.DataFrame], plan: dict[str, Any]) -> Grid:
@@ -105,8 +113,9 @@ def best_configurations(ladders: dict[str, pd.DataFrame], plan: dict[str, Any]) 
         rows.append([name, str(best["rung"]), step_cell(best),
                      EMPTY if speedup is None else f"{speedup:.1f}×",
                      f"{best['mfu']:.0%}" if number(best.get("mfu")) is not None else EMPTY,
+                     gib(best),
                      settings(plan, str(first["run"]), str(best["run"]))])
-    header = ["model", "best rung", "ms/step [95% CI]", "× vs first rung", "MFU",
+    header = ["model", "best rung", "ms/step [95% CI]", "× vs first rung", "MFU", "peak GiB",
               "settings that differ from the first rung"]
     return Grid(header, rows).without_empty_columns()
 
