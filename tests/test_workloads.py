@@ -150,6 +150,8 @@ RESULT_KEYS = {
     "peak_reserved_bytes",
     "cuda_graph_pool_bytes",
 }
+# a model's record (the GPT's step is built as any model's): its layers, its ranges' depth
+MODEL_KEYS = {"structure", "module_depth"}
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -166,7 +168,7 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
     proc = run_cli(*args.split(), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert set(result) == RESULT_KEYS
+    assert set(result) == RESULT_KEYS | MODEL_KEYS
     assert result["workload"] == "gpt"
     assert result["params"] == {
         "size": "tiny",
@@ -177,6 +179,8 @@ def test_cli_gpt_train_writes_documented_json(tmp_path: Path) -> None:
         "attention": "sdpa",
         "optimizer": "adamw_foreach",
         "compile_blocks": "each",
+        "checkpoint": "none",
+        "float8": "none",
         "dtype": "fp32",
         "compile": "off",
         "cuda_graph": "off",
