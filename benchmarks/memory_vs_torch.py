@@ -44,8 +44,8 @@ CASES = {
     "gpt_small_best": f"{GPT_SMALL} --dtype bf16 --optimizer adamw_master --attention sdpa "
     "--sdpa_backend cudnn --compile default --cuda_graph step",
     "resnet50": "model --factory workloads.models.resnet:make --kwargs "
-    '{"depth":50,"image_size":224} --batch 64 --mode train',
-    "gpt2_hf": 'model --factory workloads.models.hf_causal_lm:make --kwargs {"arch":"gpt2"} '
+    "'{\"depth\":50,\"image_size\":224}' --batch 64 --mode train",
+    "gpt2_hf": "model --factory workloads.models.hf_causal_lm:make --kwargs '{\"arch\":\"gpt2\"}' "
     "--batch 8 --mode train",
     "gpt_2.7B_eager": "gpt --size 2.7B --mode train --context 512 --batch 4 --dtype fp32",
     "gpt_2.7B_best": "gpt --size 2.7B --mode train --context 512 --batch 4 --dtype bf16 "
