@@ -1,24 +1,10 @@
 """Bytecode for the jobs' imports, cached where the interpreter's install cannot keep it.
 
-A GPU job's interpreter imports torch, and a train step or a compiled run also Dynamo and
-Inductor: thousands of modules. Python keeps each module's compiled bytecode next to its
-source (`__pycache__`), so only the first import ever compiles it. Where the install ships no
-bytecode (e.g. `pip install --no-compile`) and none can be written (`PYTHONDONTWRITEBYTECODE`
-set, as many Docker images do, or a read-only install), every process compiles them all
-again. On an H100 host whose torch install had no `__pycache__` and whose environment set
-PYTHONDONTWRITEBYTECODE=1, `import torch, torch._dynamo, torch._inductor.compile_fx` took
-12-13 s per process, and a capture's imports and model build 12 s of its 17 s of overhead;
-with the bytecode cached, 4 s (docs/timing.md).
-
-So the guard asks, for every job, whether torch's bytecode would be read or written, and
-when neither, runs the job with `PYTHONPYCACHEPREFIX=<cache>/pycache` (Python's own mirror
-tree for bytecode, outside the install) and without `PYTHONDONTWRITEBYTECODE`: the first job
-compiles and writes, the later ones read. Bytecode is a cache of the sources, checked against
-each source's modification time and size; nothing a job computes changes. A prefix the user
-set is left alone. The fork servers start in the first job's environment, so they and every
-job agree on it (an import-time variable: pipeline/forkserver.py). The Snakemake process does
-the same for the environment all its jobs inherit (`keep_jobs_bytecode`): the statistics and
-report jobs import pandas and matplotlib from the same install, each a process of its own.
+Where torch's install ships no bytecode and none can be written (PYTHONDONTWRITEBYTECODE set,
+or a read-only install), every process compiles torch, Dynamo and Inductor again (12-13 s per
+process on an H100 host). The guard then runs the job with ``PYTHONPYCACHEPREFIX=<cache>/pycache``
+and without PYTHONDONTWRITEBYTECODE: the first job writes, the later ones read. A prefix the
+user set is left alone; the warm parents start in a guard's environment, so they agree.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The runs that did not end ``ok``, said at the end of a pipeline run (Snakefile's
-``onsuccess``), and ``fail_on: error``: a non-zero exit for them.
-
-A failed run is a result (a row of summary.csv, its record kept), so the workflow succeeds;
-but a console that never says so hides it. The block names each such run of summary.csv, its
-status, the first line of its message and the log that holds its traceback:
-
-    profbench: 2 of 13 runs did not end ok (summary.csv; fail_on: error makes that an exit 1)
-      gpt_small_oom  oom  DefaultCPUAllocator: can't allocate memory: ...
-        log: results/smoke/logs/time_run/gpt_small_oom.log
+"""The runs that did not end ``ok``, named at the end of a pipeline run (``onsuccess``): each
+run of summary.csv with its status, its message's first line and the log with the rest; and
+``fail_on: error``, which makes them an exit 1.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""Whole GPUs for the GPU jobs of one machine: which GPUs the host has, and which job holds
-which.
+"""Whole GPUs for the GPU jobs of one machine: the host's GPUs, and which job holds which.
 
-Snakemake's ``gpu`` resource counts whole GPUs: each GPU job declares how many it uses (one,
-or a distributed run's ranks), and the invocation has as many as the host (rules/common.smk
-sets it unless ``--resources gpu=N`` does). Snakemake never starts more GPU demand than that,
-but does not say which GPU a job gets: each GPU job's guard (pipeline/guard.py) takes its
-GPUs here before its command starts and gives the command ``CUDA_VISIBLE_DEVICES``.
-
-The host's GPUs: the entries of ``CUDA_VISIBLE_DEVICES`` when it is set, taken as given (so
-``CUDA_VISIBLE_DEVICES=0,1,2,3`` is a 4-GPU host even on a machine without one: the tests
-check the assignment that way), else NVML's GPUs by UUID (``nvidia-smi -L`` without
-nvidia-ml-py). A host without any has one slot, the CPU (``cpu``): its jobs keep the
-environment's ``CUDA_VISIBLE_DEVICES`` and take turns.
-
-Each GPU has a lock file in a folder of the working directory; a job holds ``flock`` on the
-files of its GPUs from before its command starts until the guard exits. The kernel drops a
-lock when its holder dies, so a killed job frees its GPUs at once. Taking is all or nothing,
-under a short lock on the folder: a job never waits while holding part of what it needs.
+Snakemake's ``gpu`` resource counts whole GPUs, but does not say which GPU a job gets: each GPU
+job's guard takes its GPUs here and gives its command ``CUDA_VISIBLE_DEVICES``. The host's GPUs
+are ``CUDA_VISIBLE_DEVICES``' entries when it is set (so ``0,1,2,3`` is a 4-GPU host even
+without one: the tests use that), else NVML's by UUID; without any, one slot, the CPU.
+A job holds ``flock`` on its GPUs' lock files until its guard exits (the kernel drops it when
+the holder dies); taking is all or nothing, under a lock on the folder.
 
     python -m pipeline.gpus count    # GPU jobs this host runs side by side (1 without a GPU)
-
-Standard library only (nvidia-ml-py when installed): the guard imports this module.
 """
 
 from __future__ import annotations
@@ -41,8 +28,8 @@ from typing import Any
 
 CPU = "cpu"  # the one slot of a host without a GPU
 ENV = "CUDA_VISIBLE_DEVICES"
-# A timing job on GPU p is forked by fork server `slot + FORK_SLOTS_PER_GPU * p` (pipeline/
-# forkserver.py): a server's environment, CUDA_VISIBLE_DEVICES included, is that of its GPU.
+# GPU p's warm parent of timing slot s is slot `s + FORK_SLOTS_PER_GPU * p` (pipeline/warm.py):
+# a parent's environment, CUDA_VISIBLE_DEVICES included, is that of its GPU.
 FORK_SLOTS_PER_GPU = 100
 POLL_S = 0.05  # between tries while every fitting set of GPUs is held (a cap above the host's)
 NVIDIA_SMI_UUID = re.compile(r"^GPU \d+:.*\(UUID: (\S+?)\)", re.M)
@@ -133,9 +120,7 @@ class Held:
         return slot + FORK_SLOTS_PER_GPU * self.indices[0]
 
     def device_lock(self) -> Path:
-        """The device lock of the job's first GPU (workloads/startgate.py: a capture takes it
-        before its first CUDA call). On the CPU slot every job shares one: there is one
-        device."""
+        """The device lock of the job's first GPU (workloads/devicelock.py)."""
         return self.folder / f"{_file_name(self.gpus[0])}.device"
 
     def record(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:

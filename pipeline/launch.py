@@ -1,23 +1,13 @@
-"""Launch one distributed run: N processes under torchrun, or an `unsupported` result when this
-machine has fewer than N GPUs (CPU: cores) for them.
+"""One distributed run: N ranks under torchrun, or an ``unsupported`` result (exit 4) when
+this machine has fewer than N GPUs (CPU: cores) for them.
 
     python -m pipeline.launch --ranks N --device {auto,cpu,cuda} --out RESULT.json -- CMD ...
 
-runs ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N --no-python
-CMD ...``: every rank runs CMD (``python -m workloads gpt ... --parallel ddp``, or ``nsys
-profile -o <run>/profile.rank%q{RANK} python -m workloads ...`` for one capture per rank).
-Where the ranks go: ``--device cuda``, or ``auto`` on a machine with a GPU, takes one GPU per
-rank (``LOCAL_RANK``) of those the job holds: on one machine its guard took N whole GPUs
-(pipeline/gpus.py) and set CUDA_VISIBLE_DEVICES to them, on a cluster Slurm did; otherwise
-gloo processes on the CPU, one core each. A machine with
-fewer is a result, not a hang: RESULT.json gets status ``unsupported`` and the exit code is 4.
-
-NCCL keeps NVLink multicast (NVLS) off: the three variables below are set in the ranks'
-environment unless the host already sets them (its value is kept).
-
-After torchrun, a rank > 0 that failed with a status of its own (its ``RESULT.json.rank<r>``,
-workloads/parallel.py) gives the run its status when rank 0 only saw the others stop. Standard
-library only: it starts before torch is imported.
+Every rank runs CMD, on a GPU of the job's (``LOCAL_RANK``; the guard or Slurm set
+CUDA_VISIBLE_DEVICES) or as a gloo process on the CPU. NCCL keeps NVLink multicast off unless
+the host says otherwise (NCCL_ENV). A rank > 0 that failed on its own (its
+``RESULT.json.rank<r>``) gives the run its status when rank 0 only saw the others stop.
+Standard library only: it starts before torch is imported.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What the pipeline does with a run that did not succeed: its record stays, its capture and
 statistics become labelled empty files, so every downstream job still has its inputs.
 
-    python -m pipeline.outcome ok RESULT.json                        # exit 0 iff status ok
-    python -m pipeline.outcome placeholders RESULT.json FILE ...   # empty FILEs unless status ok
+    python -m pipeline.outcome ok RESULT.json                      # exit 0 iff status ok
+    python -m pipeline.outcome placeholders RESULT.json FILE ...   # empty FILEs unless ok
     python -m pipeline.outcome failed-stats RESULT.json OUTDIR REPORT ...
 """
 

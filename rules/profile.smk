@@ -2,8 +2,8 @@
 # gives the published step time; the nsys capture (rule profile) explains where it goes.
 # Both run under pipeline/guard.py: a crash, an OOM or a timeout becomes the run's result
 # record (status + message) instead of stopping the workflow. Timing and calibration
-# processes are forked by the invocation's fork servers (launcher: fork, pipeline/
-# forkserver.py); a capture starts its own process under nsys.
+# processes are forked by the invocation's warm parents (launcher: fork, pipeline/warm.py);
+# a capture starts its own process under nsys.
 
 
 # The workloads wrap their measured steps in the NVTX range `profiled_region` and, on CUDA, in
@@ -103,8 +103,8 @@ rule time_run:
         # The cores keep other jobs away; the workload itself runs with one CPU thread, as in
         # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). The
         # guard runs the repeats one after another, each its own process: with `launcher:
-        # fork`, repeat i is forked by fork server i (rules/common.smk), so the repeats of one
-        # run come from different interpreters (each GPU has its own servers). A repeat that
+        # fork`, repeat i is forked by warm parent i (rules/common.smk), so the repeats of one
+        # run come from different interpreters (each GPU has its own parents). A repeat that
         # ends oom, unsupported or timeout ends the run (the later ones are `skipped` records).
         "{params.guard} --run {wildcards.run} --repeats {params.repeats}"
         " --fork-slot '{{repeat}}' --out {params.out} --"

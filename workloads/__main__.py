@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, models, parallel, process_state, startgate
+from workloads import calibrate, devicelock, flops, models, parallel, process_state
 from workloads.attention import SDPA_BACKENDS
 from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
@@ -119,12 +119,8 @@ def run_from_command_line(argv: list[str] | None) -> int:
         if distributed:
             run = parallel.start(args, device)
             record.result["distributed"] = run.describe()
-        # a repeat started while the previous one exits: its context now, the rest after
-        gate_wait = startgate.pass_gate(device, record.result["process"])
-        if gate_wait is not None:
-            record.result["process"]["gate_wait_s"] = gate_wait
         # a capture started beside the one on the GPU: the GPU once that one has exited
-        lock_wait = startgate.hold_device(device, record.result["process"])
+        lock_wait = devicelock.hold_device(device, record.result["process"])
         if lock_wait is not None:
             record.result["process"]["device_wait_s"] = lock_wait
         configure_precision(args.dtype)

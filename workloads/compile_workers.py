@@ -1,11 +1,6 @@
-"""Inductor's compile worker processes, stopped once a workload's result is written.
-
-A compiled run starts a pool of compile workers (``torch/_inductor/compile_worker``) and, at
-exit, Inductor's atexit handler waits up to 300 s for them to shut down (with torch 2.11 on
-an H100, a GPT 2.7B ``adamw_master`` timing process can wait there for minutes after writing
-its measurement, long enough for a job's time limit to lose the result). The workers have no
-work left once the result is written, so the workload stops them itself; their exit cannot
-change a number already recorded.
+"""Inductor's compile workers, stopped once a workload's result is written: Inductor's exit
+handler may wait up to 300 s for them (a 2.7B timing process waited minutes, long enough for a
+time limit to lose its result), and their exit cannot change a number already recorded.
 """
 
 from __future__ import annotations

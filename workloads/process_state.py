@@ -1,17 +1,10 @@
 """The ``process`` section of a result record: what this workload process started from.
 
-A timing repeat is one process, forked by the pipeline's fork server or started as a new
-interpreter (``launcher``); repeats must share no state that a measurement depends on. The
-section records, at the start of ``main`` (before any device work), what would carry over if
-they did: whether CUDA (context, caching allocator, cuBLAS/cuDNN handles and their autotune
-caches) already exists, what the allocator holds, how much Dynamo and Inductor have already
-compiled in memory, and draws from the RNGs a fresh interpreter seeds from the OS; then, after
-the build, a draw from torch's generator as the workload's own seeding left it.
-tests/test_forkserver.py compares these between repeats and launchers.
-
-Reading it changes nothing the workload uses: no CUDA call, no module import, draws only
-from RNGs the workloads never use (Python's ``random``, numpy's global generator) or from a
-copy of torch's generator state.
+Read at the start of ``main``, before any device work, and changing nothing the workload uses:
+whether CUDA and its allocator already exist, what Dynamo and Inductor have compiled in
+memory, which install keys are computed, draws from the generators a fresh interpreter seeds
+from the OS; after the build, a draw from a copy of torch's generator. tests/test_warm.py
+compares them between repeats and launchers.
 """
 
 from __future__ import annotations

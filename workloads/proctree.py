@@ -1,9 +1,5 @@
-"""The process tree below some processes, and whether one lives, read from /proc (Linux;
-empty elsewhere).
-
-Used by the pipeline's guard (to stop a command's whole tree) and by the workloads (to stop
-Inductor's compile workers); no torch import, so both can use it cheaply.
-"""
+"""The processes below some processes, and whether one lives, from /proc (Linux; empty
+elsewhere). No torch: the guard and the workloads both use it."""
 
 from __future__ import annotations
 

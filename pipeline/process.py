@@ -1,0 +1,159 @@
+"""Launching one command: in a process group of its own, its output streamed through and its
+last lines kept, stopped (its group and every process below it) on a timeout, a request of
+the caller or a signal to the guard. The command is a started process (subprocess.Popen) or a
+child of a warm parent (pipeline/warm.py): both lead their own group and have ``wait``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from workloads.proctree import alive, descendants
+
+TAIL_LINES = 200  # kept from the output, to judge a failure
+POLL_S = 0.5  # how often `watch` looks at a running command
+KILL_WAIT_S = 5.0  # how long SIGKILLed processes may take to go
+_ADOPTED: list[int] = []  # this process's pid, once it adopts its commands' orphans
+
+
+@dataclass
+class Outcome:
+    """How a command ended."""
+
+    returncode: int
+    elapsed_s: float  # from its start: its timeout's clock
+    timed_out: bool
+    started_unix: float
+    tail: collections.deque[str] = field(default_factory=collections.deque)
+    stopped: bool = False  # stopped because `watch` asked
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that killed it (directly, or a shell's 128+N), if any."""
+        code = -self.returncode if self.returncode < 0 else self.returncode - 128
+        if self.returncode < 0 or 0 < code < signal.NSIG:
+            try:
+                return signal.Signals(code).name
+            except ValueError:
+                return f"signal {code}"
+        return None
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of the commands' trees (prctl PR_SET_CHILD_SUBREAPER): a process
+    whose parent died (a rank whose torchrun was killed) is still found below the guard.
+    Not for a guard that may start a warm parent: that outlives the job."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0:
+            _ADOPTED.append(os.getpid())
+    except (OSError, AttributeError):
+        pass  # not Linux: the tree below the command is what gets stopped
+
+
+class Running:
+    """A started command: its process (Popen or warm.Child), output pumps and clocks."""
+
+    def __init__(self, proc: Any, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.proc, self.pid = proc, proc.pid
+        self.start, self.started_unix = time.monotonic(), round(time.time(), 3)
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.pumps = [self._pump(stdout, sys.stdout.buffer), self._pump(stderr, sys.stderr.buffer)]
+
+    def _pump(self, source: IO[bytes], sink: IO[bytes]) -> threading.Thread:
+        def copy() -> None:
+            sink_open = True
+            for line in iter(source.readline, b""):
+                self.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+                if sink_open:
+                    try:
+                        sink.write(line)
+                        sink.flush()
+                    except OSError:  # our reader went away: drain on, or the command blocks
+                        sink_open = False
+            source.close()
+
+        thread = threading.Thread(target=copy, daemon=True)
+        thread.start()
+        return thread
+
+    def signal(self, signum: int) -> None:
+        """`signum` to the command's group and every process below it (torchrun starts each
+        rank in a session of its own) and below the guard, if it adopted orphans."""
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in descendants({self.pid, *_ADOPTED}):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, signum: int, grace_s: float) -> None:
+        """`signum`, then SIGKILL after `grace_s`; returns once nothing of it runs."""
+        self.signal(signum)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.signal(signal.SIGKILL)
+        self.proc.wait()
+        deadline = time.monotonic() + KILL_WAIT_S
+        while (any(alive(p) for p in descendants({self.pid, *_ADOPTED}))
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float | None, grace_s: float,
+             watch: Callable[[Running], bool] | None = None) -> Outcome:
+        """Wait for the end, stopping the command past `timeout_s` (SIGTERM, SIGKILL after
+        `grace_s`) or when `watch`, asked every POLL_S, says so."""
+        timed_out = stopped = False
+        deadline = None if timeout_s is None else self.start + timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self.proc.wait(timeout=POLL_S if left is None else min(POLL_S, left))
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                    self.stop(signal.SIGTERM, grace_s)
+                    break
+                if watch is not None and watch(self):
+                    stopped = True
+                    self.stop(signal.SIGTERM, grace_s)
+                    break
+        self._drain()
+        lost = getattr(self.proc, "lost", None)
+        if lost:
+            self.tail.append(f"guard: {lost}")
+        return Outcome(self.proc.returncode, round(time.monotonic() - self.start, 3), timed_out,
+                       self.started_unix, self.tail, stopped)
+
+    def _drain(self) -> None:
+        """The output's end; processes that outlive the command holding its pipes are killed."""
+        for pump in self.pumps:
+            pump.join(timeout=5)
+        if any(p.is_alive() for p in self.pumps):
+            self.signal(signal.SIGKILL)
+            for pump in self.pumps:
+                pump.join()
+
+
+def start(cmd: list[str], env: dict[str, str] | None = None) -> Running:
+    """`cmd` as a process in a session of its own; OSError when it cannot start."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    return Running(proc, proc.stdout, proc.stderr)

@@ -1,0 +1,412 @@
+"""The warm parent: an interpreter that has imported torch, Dynamo, Inductor, Triton and the
+workloads, without touching CUDA, and forks one fresh workload process per request.
+
+    python -m pipeline.warm NAME SLOT [--preload MODULES]
+
+One per timing slot (repeat index) and GPU, started by the first guard that needs it, in that
+job's environment (host or image); it exits within a second of its owner, the Snakemake
+process in NAME. A guard connects (multiprocessing.connection over an abstract Unix socket,
+the peer's uid checked), sends the workload's arguments, environment and folder, then its
+stdio (multiprocessing.reduction.send_handle). The child leads its own session and sends its
+pid; the parent sends its wait status, or kills its group if the guard's connection ends
+first. A job it cannot serve as a new process would be is refused: the guard starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from contextlib import suppress
+from multiprocessing import connection, reduction
+from pathlib import Path
+from typing import Any
+
+from workloads.contract import INSTALL_KEYS, LAUNCHER_ENV
+from workloads.proctree import alive
+
+# What a workload process imports beyond `import torch` (-X importtime on a GPT train step, an
+# attention cell and a compiled run on torch 2.11); none touches CUDA. Optional ones last.
+PRELOAD = tuple("""torch numpy torch._dynamo torch._inductor.compile_fx
+    torch._dynamo.repro.after_dynamo torch._inductor.codegen.cpp torch._inductor.codegen.triton
+    torch._inductor.runtime.triton_heuristics triton workloads.__main__
+    torch._dynamo.backends.inductor torch._dynamo.backends.cudagraphs torch.export._trace
+    torch.distributed.tensor.experimental torch._inductor.codegen.cuda_combined_scheduling
+    torch._inductor.codegen.wrapper_fxir torch._inductor.codegen.memory_planning
+    torch._inductor.compiler_bisector torch._inductor.hooks torch._subclasses.schema_check_mode
+    torch.fx.experimental.validator torch._higher_order_ops.passes.inline_invoke_subgraph
+    torch._functorch._aot_autograd.subclass_codegen triton.tools.tensor_descriptor
+    triton.compiler.code_generator""".split())
+REQUIRED = frozenset({"torch", "torch._dynamo", "workloads.__main__"})
+# Read while those modules are imported: a job whose values differ gets a process.
+IMPORT_TIME_ENV = re.compile(
+    r"^(PYTHON|OMP_|KMP_|GOMP_|MKL_|OPENBLAS_|GOTO_|VECLIB_|NUMEXPR_|CUDA_|CUBLAS|CUDNN"
+    r"|NCCL_|NVIDIA_|NVTX|PYTORCH|TORCH|TRITON|LD_|LC_|MALLOC_|XDG_|LANG$|LANGUAGE$|HOME$)")
+# RLIMIT_AS would count the parent's preloaded address space: such runs get a process.
+PROCESS_ONLY_OPTIONS = ("--memory_limit_mb", "--memory-limit-mb")
+TORCH_FIXED_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val
+CONNECT_S = 15.0  # for a parent just started to listen
+# Set by rules/common.smk for one invocation's jobs (the guard's defaults): the parents' name
+# and log folder; a shorter preload list (tests).
+ENV_NAME, ENV_LOGS, ENV_PRELOAD = ("PROFBENCH_FORKSERVER", "PROFBENCH_FORKSERVER_LOGS",
+                                   "PROFBENCH_FORKSERVER_PRELOAD")
+
+
+class Unavailable(Exception):
+    """No warm parent can run this command; why (the guard then starts a process)."""
+
+
+def address(name: str, slot: int) -> str:
+    return f"\0{name}.s{slot}"
+
+
+def owner_of(name: str) -> int:
+    """The Snakemake process a name belongs to (`profbench-<pid>-<token>`)."""
+    return int(name.split("-")[1])
+
+
+def new_name(owner: int) -> str:
+    return f"profbench-{owner}-{os.urandom(4).hex()}"
+
+
+# --- the guard's side -----------------------------------------------------------------------
+
+
+def workload_argv(cmd: list[str]) -> list[str]:
+    """The arguments of a `<this interpreter> -m workloads ARGS` command; Unavailable else."""
+    if cmd[1:3] != ["-m", "workloads"]:
+        raise Unavailable("the command is not `python -m workloads ...`")
+    found = shutil.which(cmd[0])
+    if found is None or os.path.abspath(found) != sys.executable:
+        raise Unavailable(f"{cmd[0]} is not the guard's interpreter ({sys.executable})")
+    limited = [a for a in cmd[3:] if a.split("=", 1)[0] in PROCESS_ONLY_OPTIONS]
+    if limited:
+        raise Unavailable(f"{limited[0]} caps the address space of a process of its own")
+    return cmd[3:]
+
+
+class Child:
+    """A forked workload process, waited for like a Popen (returncode < 0: its signal)."""
+
+    def __init__(self, pid: int, conn: connection.Connection) -> None:
+        self.pid, self.conn, self.returncode, self.lost = pid, conn, None, None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not self.conn.poll(timeout):
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout or 0)
+            try:
+                self.returncode = os.waitstatus_to_exitcode(self.conn.recv()["status"])
+            except (EOFError, OSError, KeyError, TypeError):  # the parent died: stop the child
+                self.lost = "the warm parent went away while the run was in progress; stopped"
+                with suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                while alive(self.pid):
+                    time.sleep(0.01)
+                self.returncode = 1
+            self.conn.close()
+        return self.returncode
+
+
+def _connect(name: str, slot: int, deadline: float, logs: Path | None, preload: str | None,
+             started: subprocess.Popen[bytes] | None = None
+             ) -> tuple[connection.Connection, dict[str, Any]]:
+    """A connection to slot `slot`'s parent (started if none listens) and its hello."""
+    limit = min(deadline, time.monotonic() + CONNECT_S)
+    while True:
+        try:
+            conn = connection.Client(address(name, slot), family="AF_UNIX")
+            break
+        except ConnectionRefusedError:
+            if started is None:
+                started = _start(name, slot, logs, preload)
+            elif started.poll() is not None or time.monotonic() > limit:
+                raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
+            time.sleep(0.02)
+    try:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise Unavailable(f"fork server {slot} was not ready in time")
+        hello = conn.recv()
+    except (EOFError, OSError):
+        conn.close()
+        raise Unavailable("fork server closed the connection before it was ready") from None
+    except Unavailable:
+        conn.close()
+        raise
+    return conn, hello
+
+
+def _start(name: str, slot: int, logs: Path | None, preload: str | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pipeline.warm", name, str(slot)]
+    cmd += ["--preload", preload] if preload else []
+    log = logs / f"forkserver.s{slot}.log" if logs else Path(os.devnull)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:  # a session of its own: it outlives this job
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
+
+
+def start_servers(name: str, slots: list[int], deadline: float, logs: Path | None = None,
+                  preload: str | None = None) -> list[int]:
+    """Start the parents of `slots` that do not listen yet, together, and wait until each
+    has preloaded (before a run's first repeat, never beside one). The slots started."""
+    new = []
+    for slot in dict.fromkeys(slots):
+        try:
+            connection.Client(address(name, slot), family="AF_UNIX").close()
+        except ConnectionRefusedError:
+            new.append((slot, _start(name, slot, logs, preload)))
+    for slot, started in new:
+        with suppress(Unavailable):
+            _connect(name, slot, deadline, logs, preload, started)[0].close()
+    return [slot for slot, _ in new]
+
+
+def spawn(name: str, slot: int, argv: list[str], env: dict[str, str], deadline: float,
+          logs: Path | None = None, preload: str | None = None) -> tuple[Child, Any, Any]:
+    """`python -m workloads ARGV` forked by slot `slot`'s parent: the child and its stdout and
+    stderr (pipes). Unavailable when it cannot."""
+    conn, hello = _connect(name, slot, deadline, logs, preload)
+    pipes = [os.pipe(), os.pipe()]
+    try:
+        if "refuse" in hello:
+            raise Unavailable(f"fork server {slot} refused: {hello['refuse']}")
+        if hello["python"] != sys.executable:
+            raise Unavailable(f"fork server runs {hello['python']}, not {sys.executable}")
+        conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        for fd in (stdin, pipes[0][1], pipes[1][1]):
+            reduction.send_handle(conn, fd, hello["pid"])
+        os.close(stdin)
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise Unavailable(f"fork server {slot} did not fork in time")
+        reply = conn.recv()
+        if "pid" not in reply:
+            raise Unavailable(f"fork server {slot} refused: {reply.get('refuse')}")
+    except BaseException as e:
+        conn.close()  # the parent stops a child it forked
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        if isinstance(e, (EOFError, OSError)):
+            raise Unavailable(f"fork server {slot} went away: {e!r}") from None
+        raise
+    for _, w in pipes:
+        os.close(w)
+    return Child(reply["pid"], conn), os.fdopen(pipes[0][0], "rb"), os.fdopen(pipes[1][0], "rb")
+
+
+# --- the parent -----------------------------------------------------------------------------
+
+
+def asked_in_a_child(question: Any) -> bool | None:
+    """`question()` asked in a forked child (what it starts dies with it); None if it failed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        with suppress(BaseException):
+            code = 0 if question() else 2
+        os._exit(code)
+    return {0: True, 2: False}.get(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+
+def preload(modules: tuple[str, ...]) -> dict[str, float | str]:
+    """Import `modules`: seconds each, or why not. Inductor asks torch.cuda.is_available() at
+    import, which would start NVML's (or the driver's) thread here: while preloading, a forked
+    child answers it, and the real function is back before any job runs."""
+    times: dict[str, float | str] = {}
+    real = None
+    try:
+        for module in modules:
+            start = time.perf_counter()
+            try:
+                importlib.import_module(module)
+            except Exception as e:
+                if module in REQUIRED:
+                    raise
+                times[module] = f"not preloaded: {type(e).__name__}: {e}"
+                continue
+            times[module] = round(time.perf_counter() - start, 3)
+            if module == "torch":
+                import torch
+
+                real = torch.cuda.is_available
+                answer = asked_in_a_child(real)
+                if answer is not None:
+                    torch.cuda.is_available = lambda answer=answer: answer
+    finally:
+        if real is not None:
+            sys.modules["torch"].cuda.is_available = real
+    for key in INSTALL_KEYS:  # constants of the install: computed once, inherited by children
+        module, attr = key.rsplit(".", 1)
+        with suppress(Exception):
+            getattr(sys.modules[module], attr)()
+            times[key] = "computed"
+    return times
+
+
+def unforkable() -> str | None:
+    """Why a fork of this interpreter would not be a clean new process, or None."""
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        return "CUDA was initialized while preloading"
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        names = ", ".join(t.name for t in threading.enumerate())
+        return f"{len(tasks)} threads after preloading (a fork copies one); Python's: {names}"
+    return None
+
+
+def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
+    owner = owner_of(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address(name, slot))  # before preloading: guards wait in the backlog
+    listener.listen(64)
+    listener.settimeout(1.0)
+    start = time.perf_counter()
+    try:
+        times = preload(modules)
+        refusal = unforkable()
+    except Exception as e:  # a broken preload refuses: the guards start processes
+        traceback.print_exc()
+        times, refusal = {}, f"preload failed: {type(e).__name__}: {e}"
+    log(f"slot {slot}: preloaded in {time.perf_counter() - start:.2f} s: {json.dumps(times)}")
+    if refusal:
+        log(f"slot {slot}: refusing every request: {refusal}")
+    env, cwd = dict(os.environ), os.getcwd()
+    while alive(owner):
+        try:
+            sock, _ = listener.accept()
+        except TimeoutError:
+            continue
+        sock.settimeout(None)
+        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  struct.calcsize("3i")))[1]
+        if uid != os.getuid():  # an abstract socket has no permissions
+            sock.close()
+            continue
+        conn = connection.Connection(sock.detach())
+        with suppress(EOFError, OSError, KeyError, TypeError), conn:
+            conn.send({"pid": os.getpid(), "python": sys.executable, "slot": slot}
+                      if refusal is None else {"refuse": refusal})
+            if refusal is None:
+                _serve_one(conn, listener, env, cwd, slot)
+    log(f"slot {slot}: owner {owner} is gone; exiting")
+
+
+def _serve_one(conn: connection.Connection, listener: socket.socket, env: dict[str, str],
+               cwd: str, slot: int) -> None:
+    request = conn.recv()
+    fds = [reduction.recv_handle(conn) for _ in range(3)]
+    differ = sorted(k for k in {*env, *request["env"]}
+                    if IMPORT_TIME_ENV.match(k) and env.get(k) != request["env"].get(k))
+    problem = (f"the job's environment differs from the server's in {', '.join(differ)}"
+               if differ else None) or (None if request["cwd"] == cwd else
+                                       f"the job runs in {request['cwd']}, the server in {cwd}")
+    if problem:
+        conn.send({"refuse": problem})
+        return
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        _become_the_workload(conn, fds, request)  # never returns
+    for fd in fds:
+        os.close(fd)
+    log(f"slot {slot}: child {pid}: {' '.join(request['argv'])[:300]}")
+    pidfd = os.pidfd_open(pid)
+    try:
+        if conn in connection.wait([conn, pidfd]) and not connection.wait([pidfd], 0):
+            log(f"slot {slot}: the guard of child {pid} went away; killing it")
+            with suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        status = os.waitpid(pid, 0)[1]
+    finally:
+        os.close(pidfd)
+    log(f"slot {slot}: child {pid} ended: exit {os.waitstatus_to_exitcode(status)}")
+    conn.send({"status": status})
+
+
+def _become_the_workload(conn: connection.Connection, fds: list[int],
+                         request: dict[str, Any]) -> None:
+    """A new process for the job: own session, its stdio, folder, environment, signal
+    dispositions and unseeded generators; it ends as an interpreter does."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"], **{LAUNCHER_ENV: "fork"})
+        _reseed()
+        conn.send({"pid": os.getpid()})  # its group exists now: the guard may signal it
+        conn.close()
+        main = importlib.import_module("workloads.__main__")
+        sys.argv = [main.__file__, *request["argv"]]
+        code = int(main.main(request["argv"]) or 0)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (e.code is not None)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+    with suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # as an interpreter's exit does
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code & 0xFF)
+
+
+def _reseed() -> None:
+    """The generators a fresh interpreter seeds from the OS get fresh seeds; torch's starts
+    where a fresh process's would (from the OS, or this torch's fixed seed)."""
+    import random
+
+    import torch
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if torch.initial_seed() != TORCH_FIXED_DEFAULT_SEED:
+        torch.default_generator.seed()
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} forkserver[{os.getpid()}] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.warm", description=__doc__)
+    parser.add_argument("name")
+    parser.add_argument("slot", type=int)
+    parser.add_argument("--preload", help="comma-separated modules instead of PRELOAD")
+    args = parser.parse_args(argv)
+    modules = tuple(m for m in (args.preload or "").split(",") if m) or PRELOAD
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        serve(args.name, args.slot, modules)
+    except OSError as e:  # another guard's parent won the race for this slot
+        log(f"slot {args.slot}: not serving: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
