@@ -13,15 +13,13 @@ the holder dies); taking is all or nothing, under a lock on the folder.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,24 +46,7 @@ def visible_entries(value: str) -> list[str]:
 
 
 def nvml_gpus() -> list[str]:
-    """The UUIDs of this machine's GPUs, in NVML's order: nvidia-ml-py, else `nvidia-smi -L`,
-    else none."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            uuids = []
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-                uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-            return uuids
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no library, no driver, no device: ask nvidia-smi
-        pass
-    if not shutil.which("nvidia-smi"):
-        return []
+    """The UUIDs of this machine's GPUs, in NVML's order (`nvidia-smi -L`), or none."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
                              check=False).stdout
@@ -136,51 +117,35 @@ class Held:
         self.fds.clear()
 
 
-@contextlib.contextmanager
-def _choosing(folder: Path) -> Iterator[None]:
-    """The folder's own lock, held while one job picks its GPUs."""
-    fd = os.open(folder / ".choose", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _try_lock(path: Path) -> int | None:
+def _lock(path: Path, wait: bool) -> int | None:
+    """A descriptor holding `path`'s flock, or None if another holds it (and not `wait`)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         os.close(fd)
         return None
     return fd
 
 
-def _note_holder(fd: int, owner: str) -> None:
-    """Who holds the GPU, in its lock file (for a person looking; the lock is the flock)."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
-
-
 def try_take(folder: Path, gpus: list[str], count: int, owner: str = "") -> Held | None:
-    """`count` of `gpus` that no other job holds (the first free ones), or None if there are
-    not that many free now. Nothing is kept on None."""
+    """`count` of `gpus` that no other job holds (the first free ones), or None (keeping
+    nothing) if there are not that many free now."""
     folder.mkdir(parents=True, exist_ok=True)
-    with _choosing(folder):
-        got: list[tuple[int, str, int]] = []
-        for index, gpu in enumerate(gpus):
-            fd = _try_lock(folder / f"{_file_name(gpu)}.lock")
-            if fd is not None:
-                got.append((index, gpu, fd))
-                if len(got) == count:
-                    break
-        if len(got) < count:
-            for _, _, fd in got:
-                os.close(fd)
-            return None
-    for _, _, fd in got:
-        _note_holder(fd, owner)
+    choosing = _lock(folder / ".choose", wait=True)  # one job picks at a time
+    try:
+        got = [(i, gpu, fd) for i, gpu in enumerate(gpus)
+               if (fd := _lock(folder / f"{_file_name(gpu)}.lock", wait=False)) is not None]
+    finally:
+        os.close(choosing)
+    for _, _, fd in got[count:] if len(got) >= count else got:
+        os.close(fd)
+    if len(got) < count:
+        return None
+    got = got[:count]
+    for _, _, fd in got:  # who holds it, for a person looking (the lock is the flock)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
     return Held([g for _, g, _ in got], [i for i, _, _ in got], folder, 0.0,
                 [fd for _, _, fd in got])
 
@@ -201,13 +166,10 @@ def take(folder: Path, gpus: list[str], count: int, owner: str = "",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gpus", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("count", "list"),
-                        help="count: GPU jobs this host runs side by side; list: its GPUs")
-    args = parser.parse_args(argv)
-    found = slots()
-    print(len(found) if args.what == "count" else "\n".join(found))
+    parser = argparse.ArgumentParser(prog="python -m pipeline.gpus", description=__doc__)
+    parser.add_argument("what", choices=("count", "list"))
+    what = parser.parse_args(argv).what
+    print(len(slots()) if what == "count" else "\n".join(slots()))
     return 0
 
 

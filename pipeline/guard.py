@@ -4,22 +4,15 @@
         [--expect FILE ...] [--repeats R] [--fork-slot N [--fork-server NAME] [--fork-logs DIR]]
         [--gpu-locks DIR --host-gpus IDS [--gpus K] [--device-lock]] -- CMD ARGS...
 
-CMD runs in a process group of its own (pipeline/process.py), or, with --fork-slot N and a
-`<python> -m workloads` CMD, is forked by warm parent N of the invocation's (--fork-server,
-default PROFBENCH_FORKSERVER, set by rules/common.smk; pipeline/warm.py),
-falling back to a process; either way it is stopped, timed and judged alike. RESULT.json gets
-the command's own status (ok | oom | unsupported | error) or, without one, ``timeout``,
-``oom``, ``unsupported`` or ``error`` from how it ended (pipeline/verdict.py); an --expect file
-missing, empty or not a complete nsys export makes an ok an error (pipeline/capture.py).
-
---repeats R runs CMD R times, one after another ({repeat} in --out, --fork-slot and CMD
-becomes the repeat's index): a run's timing processes as one job. A repeat ending ``oom``,
-``unsupported`` or ``timeout`` ends the run; the later ones are ``skipped`` records.
---gpu-locks: the job first takes K whole GPUs (pipeline/gpus.py) and gives them to CMD as
-CUDA_VISIBLE_DEVICES (--device-lock: also the first one's device lock).
-
-Exit status: 0 once RESULT.json is written, 2 for usage errors, 128+N on signal N (the
-command's group is stopped and no result is left: Snakemake reruns the job).
+CMD runs as a process group of its own (pipeline/process.py) or, with --fork-slot, is forked
+by that slot's warm parent (pipeline/warm.py; --fork-server defaults to PROFBENCH_FORKSERVER,
+set by rules/common.smk); either way it is stopped, timed and judged alike
+(pipeline/verdict.py, pipeline/capture.py). --repeats R runs it R times, one after another,
+{repeat} in --out, --fork-slot and CMD becoming the index; a repeat ending oom, unsupported
+or timeout ends the run, the later ones are `skipped` records. --gpu-locks: the job first
+takes K whole GPUs (pipeline/gpus.py) and gives them to CMD as CUDA_VISIBLE_DEVICES.
+Exit 0 once RESULT.json is written (atomically), 2 for usage errors, 128+N on signal N: the
+command's group is stopped and no result is left, so Snakemake reruns the job.
 """
 
 from __future__ import annotations
@@ -29,13 +22,13 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline import bytecode, capture, gpus, launch, process, verdict, warm
 from workloads import devicelock
+from workloads.jsonfile import write_whole
 
 DEFAULT_GRACE_S = 10.0
 SERVER_WAIT_S = 300.0  # at most, for a warm parent still preloading (within --timeout-s)
@@ -90,7 +83,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def take_gpus(args: argparse.Namespace) -> gpus.Held | None:
-    """The job's whole GPUs, in this process's environment (what it starts inherits them)."""
+    """The job's GPUs, in this process's environment: what it starts inherits them."""
     if args.gpu_locks is None:
         return None
     host = args.host_gpus.split(",")
@@ -117,17 +110,23 @@ def slot_of(args: argparse.Namespace, repeat: int, held: gpus.Held | None) -> in
 def start(args: argparse.Namespace, cmd: list[str], slot: int | None) -> process.Running:
     """The command forked by its warm parent when one can, else started as a process."""
     if slot is not None:
-        wait_s = min(SERVER_WAIT_S, args.timeout_s or SERVER_WAIT_S)
         try:
-            child, out, err = warm.spawn(args.fork_server, slot, warm.workload_argv(cmd),
-                                         dict(os.environ), time.monotonic() + wait_s,
-                                         args.fork_logs, os.environ.get(warm.ENV_PRELOAD))
+            child, out, err = parents(args).spawn(slot, warm.workload_argv(cmd),
+                                                  dict(os.environ), server_deadline(args))
             print(f"guard: forked by fork server {slot} (pid {child.pid})", file=sys.stderr,
                   flush=True)
             return process.Running(child, out, err)
         except warm.Unavailable as e:
             print(f"guard: not forked ({e}); starting a process", file=sys.stderr, flush=True)
     return process.start(cmd)
+
+
+def parents(args: argparse.Namespace) -> warm.Parents:
+    return warm.Parents(args.fork_server, args.fork_logs, os.environ.get(warm.ENV_PRELOAD))
+
+
+def server_deadline(args: argparse.Namespace) -> float:
+    return time.monotonic() + min(SERVER_WAIT_S, args.timeout_s or SERVER_WAIT_S)
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -165,22 +164,6 @@ def run_once(args: argparse.Namespace, out: Path, cmd: list[str], slot: int | No
     return result
 
 
-def write_atomically(path: Path, data: dict[str, Any]) -> None:
-    """Temporary file + rename: a reader sees no file, the old one or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def skipped(repeat: int, after: int, ended: dict[str, Any]) -> dict[str, Any]:
     why = str(ended.get("message") or "").strip().splitlines()
     return {"status": SKIPPED, "repeat": repeat,
@@ -210,10 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         held = take_gpus(args)  # first: nothing of the job runs before it has its GPUs
         if args.repeats and slot_of(args, 0, held) is not None:
             begun = time.monotonic()
-            started = warm.start_servers(
-                args.fork_server, [slot_of(args, i, held) for i in range(repeats)],
-                begun + min(SERVER_WAIT_S, args.timeout_s or SERVER_WAIT_S), args.fork_logs,
-                os.environ.get(warm.ENV_PRELOAD))
+            started = parents(args).start([slot_of(args, i, held) for i in range(repeats)],
+                                          server_deadline(args))
             if started:
                 print(f"guard: started fork servers {', '.join(map(str, started))} together "
                       f"({time.monotonic() - begun:.2f} s)", file=sys.stderr, flush=True)
@@ -233,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 result.setdefault("run", args.run)
             if held is not None:
                 result["assigned_gpus"] = held.record()
-            write_atomically(out, result)
+            write_whole(out, result)
             how = (result["message"] if result["status"] == SKIPPED else
                    f"{result['status']} (exit {result['returncode']}, {result['elapsed_s']} s)")
             which = f" r{repeat}" if args.repeats else ""

@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline import gpus
 from workloads.contract import EXIT_CODES
 
 EXIT_UNSUPPORTED = EXIT_CODES["unsupported"]
@@ -35,22 +35,9 @@ STOPPED = re.compile(r"terminated by signal|SIGTERM|SIGKILL|Connection closed by
 
 
 def visible_gpus() -> int:
-    """GPUs CUDA would see: `nvidia-smi -L`'s, limited by CUDA_VISIBLE_DEVICES."""
-    listed = 0
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30, check=False).stdout
-            listed = len(re.findall(r"^GPU \d+", out, re.M))
-        except subprocess.TimeoutExpired:
-            listed = 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    entries = [e for e in visible.split(",") if e.strip()]
-    if not entries or entries[0].strip() == "-1":
-        return 0
-    return min(listed, len(entries))
+    """GPUs CUDA would see: NVML's, limited by CUDA_VISIBLE_DEVICES."""
+    listed, visible = len(gpus.nvml_gpus()), os.environ.get(gpus.ENV)
+    return listed if visible is None else min(listed, len(gpus.visible_entries(visible)))
 
 
 def ranks_in(cmd: list[str]) -> int | None:
@@ -68,18 +55,14 @@ def ranks_in(cmd: list[str]) -> int | None:
     return None
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def placement(device: str, ranks: int) -> tuple[str, str | None]:
     """(device type, why it cannot run) for `ranks` processes of a run asking for `device`."""
-    gpus = visible_gpus() if device in ("auto", "cuda") else 0
-    if device == "cuda" or (device == "auto" and gpus > 0):
-        if gpus < ranks:
-            return "cuda", f"{ranks} ranks need {ranks} GPUs; this machine has {gpus} visible"
+    found = visible_gpus() if device in ("auto", "cuda") else 0
+    if device == "cuda" or (device == "auto" and found > 0):
+        if found < ranks:
+            return "cuda", f"{ranks} ranks need {ranks} GPUs; this machine has {found} visible"
         return "cuda", None
-    cores = usable_cores()
+    cores = len(os.sched_getaffinity(0))
     if cores < ranks:
         return "cpu", (f"{ranks} gloo ranks need {ranks} CPU cores (one each); this machine "
                        f"has {cores}")
@@ -107,31 +90,21 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def rank_records(out: Path) -> dict[int, dict[str, Any]]:
-    """The records ranks > 0 wrote next to RESULT.json."""
-    found = {}
+def merge_rank_failures(out: Path) -> dict[str, Any] | None:
+    """Rank 0's record, with the status of the first rank > 0 that failed on its own when rank
+    0 did not succeed or only saw the others stop; the ranks' files are removed."""
+    record, others = _read(out), {}
     for path in out.parent.glob(f"{out.name}.rank*"):
         suffix = path.name.removeprefix(f"{out.name}.rank")
-        record = _read(path) if suffix.isdigit() else None
-        if record is not None:
-            found[int(suffix)] = record
-    return found
-
-
-def merge_rank_failures(out: Path) -> dict[str, Any] | None:
-    """Rank 0's record, with the status of the first rank that failed on its own when rank 0
-    did not succeed or only saw the others stop; the rank files are removed."""
-    record = _read(out)
-    others = rank_records(out)
-    for path in out.parent.glob(f"{out.name}.rank*"):
+        if suffix.isdigit() and (other := _read(path)) is not None:
+            others[int(suffix)] = other
         path.unlink(missing_ok=True)
     if record is not None and not only_stopped(record):
         return record  # rank 0 succeeded, or failed on its own
     for rank, other in sorted(others.items()):
-        status, message = other.get("status"), str(other.get("message") or "")
-        if status and status != "ok" and not only_stopped(other):
-            merged = dict(record or other)
-            merged.update(status=status, message=f"rank {rank}: {message}")
+        if other.get("status") not in (None, "ok") and not only_stopped(other):
+            merged = {**(record or other), "status": other["status"],
+                      "message": f"rank {rank}: {other.get('message') or ''}"}
             out.write_text(json.dumps(merged, indent=2) + "\n")
             return merged
     return record

@@ -1,15 +1,14 @@
 """The warm parent: an interpreter that has imported torch, Dynamo, Inductor, Triton and the
-workloads, without touching CUDA, and forks one fresh workload process per request.
+workloads, without touching CUDA, and forks a fresh workload process per request.
 
     python -m pipeline.warm NAME SLOT [--preload MODULES]
 
-One per timing slot (repeat index) and GPU, started by the first guard that needs it, in that
-job's environment (host or image); it exits within a second of its owner, the Snakemake
-process in NAME. A guard connects (multiprocessing.connection over an abstract Unix socket,
-the peer's uid checked), sends the workload's arguments, environment and folder, then its
-stdio (multiprocessing.reduction.send_handle). The child leads its own session and sends its
-pid; the parent sends its wait status, or kills its group if the guard's connection ends
-first. A job it cannot serve as a new process would be is refused: the guard starts one.
+One per timing slot and GPU, started by the first guard that needs it in that job's
+environment; it exits with its owner (the Snakemake process in NAME). Over
+multiprocessing.connection (an abstract Unix socket, the peer's uid checked) a guard sends the
+workload's arguments, environment, folder and stdio (send_handle); the child leads a session
+of its own and sends its pid, the parent its wait status, or kills the child's group if the
+guard's connection ends first. A job it cannot serve as a new process is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import threading
 import time
 import traceback
 from contextlib import suppress
+from dataclasses import dataclass
 from multiprocessing import connection, reduction
 from pathlib import Path
 from typing import Any
@@ -58,30 +58,23 @@ IMPORT_TIME_ENV = re.compile(
 PROCESS_ONLY_OPTIONS = ("--memory_limit_mb", "--memory-limit-mb")
 TORCH_FIXED_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val
 CONNECT_S = 15.0  # for a parent just started to listen
-# Set by rules/common.smk for one invocation's jobs (the guard's defaults): the parents' name
-# and log folder; a shorter preload list (tests).
-ENV_NAME, ENV_LOGS, ENV_PRELOAD = ("PROFBENCH_FORKSERVER", "PROFBENCH_FORKSERVER_LOGS",
-                                   "PROFBENCH_FORKSERVER_PRELOAD")
+# Set by rules/common.smk for an invocation's jobs: the parents' name and log folder (the
+# guard's defaults); a shorter preload list (tests).
+ENV_NAME, ENV_LOGS = "PROFBENCH_FORKSERVER", "PROFBENCH_FORKSERVER_LOGS"
+ENV_PRELOAD = "PROFBENCH_FORKSERVER_PRELOAD"
 
 
 class Unavailable(Exception):
-    """No warm parent can run this command; why (the guard then starts a process)."""
-
-
-def address(name: str, slot: int) -> str:
-    return f"\0{name}.s{slot}"
-
-
-def owner_of(name: str) -> int:
-    """The Snakemake process a name belongs to (`profbench-<pid>-<token>`)."""
-    return int(name.split("-")[1])
+    """No warm parent can run this command, and why: the guard starts a process."""
 
 
 def new_name(owner: int) -> str:
+    """A name for the parents of one invocation; they live as long as process `owner`."""
     return f"profbench-{owner}-{os.urandom(4).hex()}"
 
 
-# --- the guard's side -----------------------------------------------------------------------
+def address(name: str, slot: int) -> str:
+    return f"\0{name}.s{slot}"  # abstract: no file to clean up
 
 
 def workload_argv(cmd: list[str]) -> list[str]:
@@ -120,95 +113,91 @@ class Child:
         return self.returncode
 
 
-def _connect(name: str, slot: int, deadline: float, logs: Path | None, preload: str | None,
-             started: subprocess.Popen[bytes] | None = None
-             ) -> tuple[connection.Connection, dict[str, Any]]:
-    """A connection to slot `slot`'s parent (started if none listens) and its hello."""
-    limit = min(deadline, time.monotonic() + CONNECT_S)
-    while True:
+@dataclass
+class Parents:
+    """One invocation's warm parents as a guard reaches them: their name, log folder and a
+    preload list other than PRELOAD (comma-separated)."""
+
+    name: str
+    logs: Path | None = None
+    preload: str | None = None
+
+    def _start(self, slot: int) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "pipeline.warm", self.name, str(slot)]
+        cmd += ["--preload", self.preload] if self.preload else []
+        log = self.logs / f"forkserver.s{slot}.log" if self.logs else Path(os.devnull)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:  # a session of its own: it outlives this job
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    start_new_session=True)
+
+    def _connect(self, slot: int, deadline: float, started: subprocess.Popen | None = None
+                 ) -> tuple[connection.Connection, dict[str, Any]]:
+        """A connection to `slot`'s parent (started if none listens) and its hello."""
+        limit = min(deadline, time.monotonic() + CONNECT_S)
+        while True:
+            try:
+                conn = connection.Client(address(self.name, slot), family="AF_UNIX")
+                break
+            except ConnectionRefusedError:
+                started = started or self._start(slot)
+                if started.poll() is not None or time.monotonic() > limit:
+                    raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
+                time.sleep(0.02)
         try:
-            conn = connection.Client(address(name, slot), family="AF_UNIX")
-            break
-        except ConnectionRefusedError:
-            if started is None:
-                started = _start(name, slot, logs, preload)
-            elif started.poll() is not None or time.monotonic() > limit:
-                raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
-            time.sleep(0.02)
-    try:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise Unavailable(f"fork server {slot} was not ready in time")
-        hello = conn.recv()
-    except (EOFError, OSError):
-        conn.close()
-        raise Unavailable("fork server closed the connection before it was ready") from None
-    except Unavailable:
-        conn.close()
-        raise
-    return conn, hello
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise Unavailable(f"fork server {slot} was not ready in time")
+            return conn, conn.recv()
+        except (EOFError, OSError):
+            conn.close()
+            raise Unavailable("fork server closed the connection before it was ready") from None
+        except Unavailable:
+            conn.close()
+            raise
 
+    def start(self, slots: list[int], deadline: float) -> list[int]:
+        """Start the parents of `slots` that do not listen yet, together, and wait until each
+        has preloaded (before a run's first repeat, never beside one). The slots started."""
+        new = {}
+        for slot in dict.fromkeys(slots):
+            try:
+                connection.Client(address(self.name, slot), family="AF_UNIX").close()
+            except ConnectionRefusedError:
+                new[slot] = self._start(slot)
+        for slot, started in new.items():
+            with suppress(Unavailable):
+                self._connect(slot, deadline, started)[0].close()
+        return list(new)
 
-def _start(name: str, slot: int, logs: Path | None, preload: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pipeline.warm", name, str(slot)]
-    cmd += ["--preload", preload] if preload else []
-    log = logs / f"forkserver.s{slot}.log" if logs else Path(os.devnull)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:  # a session of its own: it outlives this job
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                start_new_session=True)
-
-
-def start_servers(name: str, slots: list[int], deadline: float, logs: Path | None = None,
-                  preload: str | None = None) -> list[int]:
-    """Start the parents of `slots` that do not listen yet, together, and wait until each
-    has preloaded (before a run's first repeat, never beside one). The slots started."""
-    new = []
-    for slot in dict.fromkeys(slots):
+    def spawn(self, slot: int, argv: list[str], env: dict[str, str], deadline: float
+              ) -> tuple[Child, Any, Any]:
+        """`python -m workloads ARGV` forked by `slot`'s parent: the child, its stdout and
+        stderr (pipes). Unavailable when it cannot."""
+        conn, hello = self._connect(slot, deadline)
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
-            connection.Client(address(name, slot), family="AF_UNIX").close()
-        except ConnectionRefusedError:
-            new.append((slot, _start(name, slot, logs, preload)))
-    for slot, started in new:
-        with suppress(Unavailable):
-            _connect(name, slot, deadline, logs, preload, started)[0].close()
-    return [slot for slot, _ in new]
-
-
-def spawn(name: str, slot: int, argv: list[str], env: dict[str, str], deadline: float,
-          logs: Path | None = None, preload: str | None = None) -> tuple[Child, Any, Any]:
-    """`python -m workloads ARGV` forked by slot `slot`'s parent: the child and its stdout and
-    stderr (pipes). Unavailable when it cannot."""
-    conn, hello = _connect(name, slot, deadline, logs, preload)
-    pipes = [os.pipe(), os.pipe()]
-    try:
-        if "refuse" in hello:
-            raise Unavailable(f"fork server {slot} refused: {hello['refuse']}")
-        if hello["python"] != sys.executable:
-            raise Unavailable(f"fork server runs {hello['python']}, not {sys.executable}")
-        conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        for fd in (stdin, pipes[0][1], pipes[1][1]):
-            reduction.send_handle(conn, fd, hello["pid"])
-        os.close(stdin)
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise Unavailable(f"fork server {slot} did not fork in time")
-        reply = conn.recv()
-        if "pid" not in reply:
-            raise Unavailable(f"fork server {slot} refused: {reply.get('refuse')}")
-    except BaseException as e:
-        conn.close()  # the parent stops a child it forked
-        for r, w in pipes:
-            os.close(r)
-            os.close(w)
-        if isinstance(e, (EOFError, OSError)):
-            raise Unavailable(f"fork server {slot} went away: {e!r}") from None
-        raise
-    for _, w in pipes:
-        os.close(w)
-    return Child(reply["pid"], conn), os.fdopen(pipes[0][0], "rb"), os.fdopen(pipes[1][0], "rb")
-
-
-# --- the parent -----------------------------------------------------------------------------
+            if "refuse" in hello:
+                raise Unavailable(f"fork server {slot} refused: {hello['refuse']}")
+            conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
+            with open(os.devnull, "rb") as stdin:
+                for fd in (stdin.fileno(), out_w, err_w):
+                    reduction.send_handle(conn, fd, hello["pid"])
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise Unavailable(f"fork server {slot} did not fork in time")
+            reply = conn.recv()
+            if "pid" not in reply:
+                raise Unavailable(f"fork server {slot} refused: {reply.get('refuse')}")
+        except BaseException as e:
+            conn.close()  # the parent stops a child it forked
+            os.close(out_r)
+            os.close(err_r)
+            if isinstance(e, (EOFError, OSError)):
+                raise Unavailable(f"fork server {slot} went away: {e!r}") from None
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return Child(reply["pid"], conn), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
 
 
 def asked_in_a_child(question: Any) -> bool | None:
@@ -269,21 +258,21 @@ def unforkable() -> str | None:
 
 
 def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
-    owner = owner_of(name)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Preload, then serve one request at a time while the owner lives."""
+    owner, listener = int(name.split("-")[1]), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address(name, slot))  # before preloading: guards wait in the backlog
     listener.listen(64)
     listener.settimeout(1.0)
     start = time.perf_counter()
     try:
-        times = preload(modules)
-        refusal = unforkable()
+        times, refusal = preload(modules), unforkable()
     except Exception as e:  # a broken preload refuses: the guards start processes
         traceback.print_exc()
         times, refusal = {}, f"preload failed: {type(e).__name__}: {e}"
     log(f"slot {slot}: preloaded in {time.perf_counter() - start:.2f} s: {json.dumps(times)}")
     if refusal:
         log(f"slot {slot}: refusing every request: {refusal}")
+    hello = {"refuse": refusal} if refusal else {"pid": os.getpid()}
     env, cwd = dict(os.environ), os.getcwd()
     while alive(owner):
         try:
@@ -291,32 +280,31 @@ def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
         except TimeoutError:
             continue
         sock.settimeout(None)
-        uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                  struct.calcsize("3i")))[1]
-        if uid != os.getuid():  # an abstract socket has no permissions
+        peer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", peer)[1] != os.getuid():  # an abstract socket has no modes
             sock.close()
             continue
-        conn = connection.Connection(sock.detach())
-        with suppress(EOFError, OSError, KeyError, TypeError), conn:
-            conn.send({"pid": os.getpid(), "python": sys.executable, "slot": slot}
-                      if refusal is None else {"refuse": refusal})
-            if refusal is None:
-                _serve_one(conn, listener, env, cwd, slot)
+        with suppress(EOFError, OSError, KeyError, TypeError), \
+                connection.Connection(sock.detach()) as conn:
+            conn.send(hello)
+            if refusal:
+                continue
+            request = conn.recv()
+            fds = [reduction.recv_handle(conn) for _ in range(3)]
+            differ = sorted(k for k in {*env, *request["env"]} if IMPORT_TIME_ENV.match(k)
+                            and env.get(k) != request["env"].get(k))
+            if differ or request["cwd"] != cwd:
+                conn.send({"refuse": f"the job's environment differs from the server's in "
+                                     f"{', '.join(differ)}" if differ else
+                                     f"the job runs in {request['cwd']}, the server in {cwd}"})
+                continue
+            conn.send({"status": _fork_and_reap(conn, listener, fds, request, slot)})
     log(f"slot {slot}: owner {owner} is gone; exiting")
 
 
-def _serve_one(conn: connection.Connection, listener: socket.socket, env: dict[str, str],
-               cwd: str, slot: int) -> None:
-    request = conn.recv()
-    fds = [reduction.recv_handle(conn) for _ in range(3)]
-    differ = sorted(k for k in {*env, *request["env"]}
-                    if IMPORT_TIME_ENV.match(k) and env.get(k) != request["env"].get(k))
-    problem = (f"the job's environment differs from the server's in {', '.join(differ)}"
-               if differ else None) or (None if request["cwd"] == cwd else
-                                       f"the job runs in {request['cwd']}, the server in {cwd}")
-    if problem:
-        conn.send({"refuse": problem})
-        return
+def _fork_and_reap(conn: connection.Connection, listener: socket.socket, fds: list[int],
+                   request: dict[str, Any], slot: int) -> int:
+    """The child's wait status; its group is killed if the guard's connection ends first."""
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
@@ -335,7 +323,7 @@ def _serve_one(conn: connection.Connection, listener: socket.socket, env: dict[s
     finally:
         os.close(pidfd)
     log(f"slot {slot}: child {pid} ended: exit {os.waitstatus_to_exitcode(status)}")
-    conn.send({"status": status})
+    return status
 
 
 def _become_the_workload(conn: connection.Connection, fds: list[int],

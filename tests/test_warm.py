@@ -9,12 +9,12 @@ import json
 import os
 import signal
 import socket
-from multiprocessing import connection
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing import connection
 from pathlib import Path
 
 import pytest
