@@ -1,18 +1,13 @@
-"""Whole GPUs for the GPU jobs of one machine: the host's GPUs, and which job holds which.
-
-Snakemake's ``gpu`` resource counts whole GPUs, but does not say which GPU a job gets: each GPU
-job's guard takes its GPUs here and gives its command ``CUDA_VISIBLE_DEVICES``. The host's GPUs
-are ``CUDA_VISIBLE_DEVICES``' entries when it is set (so ``0,1,2,3`` is a 4-GPU host even
-without one: the tests use that), else NVML's by UUID; without any, one slot, the CPU.
-A job holds ``flock`` on its GPUs' lock files until its guard exits (the kernel drops it when
-the holder dies); taking is all or nothing, under a lock on the folder.
+"""Whole GPUs for the GPU jobs of one machine (docs/timing.md, "Whole GPUs per job"): the
+host's GPUs (``CUDA_VISIBLE_DEVICES``' entries when set, so ``0,1,2,3`` is a 4-GPU host even
+without one, else NVML's; without any, one slot, the CPU), and which job holds which: a
+``flock`` per GPU until its guard exits; taking is all or nothing, under a lock on the folder.
 
     python -m pipeline.gpus count    # GPU jobs this host runs side by side (1 without a GPU)
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import re
@@ -30,19 +25,14 @@ ENV = "CUDA_VISIBLE_DEVICES"
 # a parent's environment, CUDA_VISIBLE_DEVICES included, is that of its GPU.
 FORK_SLOTS_PER_GPU = 100
 POLL_S = 0.05  # between tries while every fitting set of GPUs is held (a cap above the host's)
-NVIDIA_SMI_UUID = re.compile(r"^GPU \d+:.*\(UUID: (\S+?)\)", re.M)
 
 
 def visible_entries(value: str) -> list[str]:
     """The devices a ``CUDA_VISIBLE_DEVICES`` value names, as CUDA reads it: up to the first
     empty or negative entry (``-1`` and ``""`` hide every GPU)."""
-    entries = []
-    for entry in value.split(","):
-        entry = entry.strip()
-        if not entry or entry.startswith("-"):
-            break
-        entries.append(entry)
-    return entries
+    entries = [entry.strip() for entry in value.split(",")]
+    ends = [i for i, entry in enumerate(entries) if not entry or entry.startswith("-")]
+    return entries[:ends[0] if ends else None]
 
 
 def nvml_gpus() -> list[str]:
@@ -52,26 +42,23 @@ def nvml_gpus() -> list[str]:
                              check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return NVIDIA_SMI_UUID.findall(out)
+    return re.findall(r"^GPU \d+:.*\(UUID: (\S+?)\)", out, re.M)
 
 
-def host_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries: the environment's
-    CUDA_VISIBLE_DEVICES entries when it is set, else NVML's GPUs (UUIDs)."""
-    environ = os.environ if environ is None else environ
+def host_gpus(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries."""
     value = environ.get(ENV)
     return visible_entries(value) if value is not None else nvml_gpus()
 
 
-def slots(environ: Mapping[str, str] | None = None) -> list[str]:
+def slots(environ: Mapping[str, str] = os.environ) -> list[str]:
     """The host's GPUs, or the CPU's one slot where it has none."""
     return host_gpus(environ) or [CPU]
 
 
 def lock_folder(workdir: Path, hostname: str) -> Path:
     """The lock files of one host's GPUs, in Snakemake's folder of the working directory
-    (which jobs in the image see as well; per host, for a working directory that several
-    machines share)."""
+    (which jobs in the image see as well; per host, for a folder several machines share)."""
     return workdir / ".snakemake" / "profbench" / f"gpus-{hostname}"
 
 
@@ -81,32 +68,29 @@ def _file_name(gpu: str) -> str:
 
 @dataclass
 class Held:
-    """GPUs one job holds: their entries, their places among the host's GPUs, the lock
-    files' descriptors (closing them frees the GPUs)."""
+    """GPUs one job holds: entries, places among the host's GPUs, lock files' descriptors."""
 
     gpus: list[str]
     indices: list[int]
     folder: Path
-    waited_s: float
-    fds: list[int] = field(default_factory=list, repr=False)
+    fds: list[int] = field(repr=False)
+    waited_s: float = 0.0
     taken_unix: float = field(default_factory=time.time)  # held from then until released
 
     def env(self) -> dict[str, str]:
-        """The command's CUDA_VISIBLE_DEVICES (none for the CPU slot: the environment's
-        stays, also one that hides the GPUs)."""
+        """The command's CUDA_VISIBLE_DEVICES (for the CPU slot, the environment's stays)."""
         return {} if self.gpus == [CPU] else {ENV: ",".join(self.gpus)}
 
     def fork_slot(self, slot: int) -> int:
-        """The fork server of timing slot `slot` on this job's GPU."""
+        """The warm parent of timing slot `slot` on this job's GPU."""
         return slot + FORK_SLOTS_PER_GPU * self.indices[0]
 
     def device_lock(self) -> Path:
         """The device lock of the job's first GPU (workloads/devicelock.py)."""
         return self.folder / f"{_file_name(self.gpus[0])}.device"
 
-    def record(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def record(self, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         """What the job's result says about its GPUs."""
-        environ = os.environ if environ is None else environ
         return {"gpus": list(self.gpus), "indices": list(self.indices),
                 "cuda_visible_devices": environ.get(ENV), "waited_s": round(self.waited_s, 3),
                 "taken_unix": round(self.taken_unix, 3)}
@@ -129,49 +113,36 @@ def _lock(path: Path, wait: bool) -> int | None:
 
 
 def try_take(folder: Path, gpus: list[str], count: int, owner: str = "") -> Held | None:
-    """`count` of `gpus` that no other job holds (the first free ones), or None (keeping
-    nothing) if there are not that many free now."""
+    """The first `count` of `gpus` that no other job holds, or None (keeping nothing)."""
     folder.mkdir(parents=True, exist_ok=True)
     choosing = _lock(folder / ".choose", wait=True)  # one job picks at a time
     try:
         got = [(i, gpu, fd) for i, gpu in enumerate(gpus)
                if (fd := _lock(folder / f"{_file_name(gpu)}.lock", wait=False)) is not None]
     finally:
-        os.close(choosing)
-    for _, _, fd in got[count:] if len(got) >= count else got:
+        os.close(choosing)  # type: ignore[arg-type]
+    keep, free = (got[:count], got[count:]) if len(got) >= count else ([], got)
+    for _, _, fd in free:
         os.close(fd)
-    if len(got) < count:
-        return None
-    got = got[:count]
-    for _, _, fd in got:  # who holds it, for a person looking (the lock is the flock)
+    for _, _, fd in keep:  # who holds it, for a person looking (the lock is the flock)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
-    return Held([g for _, g, _ in got], [i for i, _, _ in got], folder, 0.0,
-                [fd for _, _, fd in got])
+    return Held([g for _, g, _ in keep], [i for i, _, _ in keep], folder,
+                [fd for _, _, fd in keep]) if keep else None
 
 
-def take(folder: Path, gpus: list[str], count: int, owner: str = "",
-         poll_s: float = POLL_S) -> Held:
+def take(folder: Path, gpus: list[str], count: int, owner: str = "") -> Held:
     """`count` GPUs of `gpus` (at most all of them), waiting until that many are free. With
     Snakemake's `gpu` at most the host's count they are free at once; a larger cap makes the
     jobs beyond it wait here, never share."""
-    count = max(1, min(count, len(gpus)))
     start = time.monotonic()
-    while True:
-        held = try_take(folder, gpus, count, owner)
-        if held is not None:
-            held.waited_s = time.monotonic() - start
-            return held
-        time.sleep(poll_s)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gpus", description=__doc__)
-    parser.add_argument("what", choices=("count", "list"))
-    what = parser.parse_args(argv).what
-    print(len(slots()) if what == "count" else "\n".join(slots()))
-    return 0
+    while (held := try_take(folder, gpus, max(1, min(count, len(gpus))), owner)) is None:
+        time.sleep(POLL_S)
+    held.waited_s = time.monotonic() - start
+    return held
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] != ["count"]:
+        sys.exit(f"usage: python -m pipeline.gpus count\n{__doc__}")
+    print(len(slots()))

@@ -1,13 +1,9 @@
-"""One distributed run: N ranks under torchrun, or an ``unsupported`` result (exit 4) when
-this machine has fewer than N GPUs (CPU: cores) for them.
+"""One distributed run: N ranks under torchrun (docs/distributed.md), or an ``unsupported``
+result (exit 4) when this machine has fewer than N GPUs (CPU: cores) for them. A rank > 0
+that failed on its own (``RESULT.json.rank<r>``) gives the run its status when rank 0 only saw
+the others stop. Standard library only: it starts before torch is imported.
 
     python -m pipeline.launch --ranks N --device {auto,cpu,cuda} --out RESULT.json -- CMD ...
-
-Every rank runs CMD, on a GPU of the job's (``LOCAL_RANK``; the guard or Slurm set
-CUDA_VISIBLE_DEVICES) or as a gloo process on the CPU. NCCL keeps NVLink multicast off unless
-the host says otherwise (NCCL_ENV). A rank > 0 that failed on its own (its
-``RESULT.json.rank<r>``) gives the run its status when rank 0 only saw the others stop.
-Standard library only: it starts before torch is imported.
 """
 
 from __future__ import annotations
@@ -23,8 +19,8 @@ from typing import Any
 
 from pipeline import gpus
 from workloads.contract import EXIT_CODES
+from workloads.jsonfile import write_whole
 
-EXIT_UNSUPPORTED = EXIT_CODES["unsupported"]
 # NVLink SHARP / multicast off for NCCL, torch symmetric memory and NVSHMEM.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -34,55 +30,34 @@ STOPPED = re.compile(r"terminated by signal|SIGTERM|SIGKILL|Connection closed by
                      r"|Connection reset|Broken pipe|communicator was aborted", re.IGNORECASE)
 
 
-def visible_gpus() -> int:
-    """GPUs CUDA would see: NVML's, limited by CUDA_VISIBLE_DEVICES."""
-    listed, visible = len(gpus.nvml_gpus()), os.environ.get(gpus.ENV)
-    return listed if visible is None else min(listed, len(gpus.visible_entries(visible)))
-
-
 def ranks_in(cmd: list[str]) -> int | None:
-    """The --ranks of a ``<python> -m pipeline.launch`` command (the GPUs its job takes), or
-    None for any other command."""
+    """The --ranks of a ``<python> -m pipeline.launch`` command (the GPUs its job takes)."""
     if cmd[1:3] != ["-m", "pipeline.launch"]:
         return None
-    for i, arg in enumerate(cmd[3:], start=3):
-        if arg == "--":
-            break
-        value = cmd[i + 1] if arg == "--ranks" and i + 1 < len(cmd) else (
-            arg.removeprefix("--ranks=") if arg.startswith("--ranks=") else None)
-        if value is not None:
-            return int(value) if value.isdigit() else None  # launch itself rejects it
-    return None
+    own = cmd[3:cmd.index("--")] if "--" in cmd else cmd[3:]
+    values = [b for a, b in zip(own, own[1:], strict=False) if a == "--ranks"]
+    values += [a.removeprefix("--ranks=") for a in own if a.startswith("--ranks=")]
+    return int(values[0]) if values and values[0].isdigit() else None  # launch rejects it
 
 
-def placement(device: str, ranks: int) -> tuple[str, str | None]:
-    """(device type, why it cannot run) for `ranks` processes of a run asking for `device`."""
-    found = visible_gpus() if device in ("auto", "cuda") else 0
-    if device == "cuda" or (device == "auto" and found > 0):
-        if found < ranks:
-            return "cuda", f"{ranks} ranks need {ranks} GPUs; this machine has {found} visible"
-        return "cuda", None
+def why_not_here(device: str, ranks: int) -> str | None:
+    """Why `ranks` processes of a run asking for `device` cannot run on this machine, or None.
+    CUDA would see NVML's GPUs, limited by CUDA_VISIBLE_DEVICES."""
+    found = 0
+    if device != "cpu":
+        found, visible = len(gpus.nvml_gpus()), os.environ.get(gpus.ENV)
+        if visible is not None:
+            found = min(found, len(gpus.visible_entries(visible)))
+    if device == "cuda" or found:
+        return None if found >= ranks else (f"{ranks} ranks need {ranks} GPUs; this machine "
+                                            f"has {found} visible")
     cores = len(os.sched_getaffinity(0))
-    if cores < ranks:
-        return "cpu", (f"{ranks} gloo ranks need {ranks} CPU cores (one each); this machine "
-                       f"has {cores}")
-    return "cpu", None
+    return None if cores >= ranks else (f"{ranks} gloo ranks need {ranks} CPU cores (one "
+                                        f"each); this machine has {cores}")
 
 
-def torchrun_command(ranks: int, cmd: list[str]) -> list[str]:
-    """torchrun on one node, a free rendezvous port of its own (--standalone)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(ranks), "--no-python", *cmd]
-
-
-def launch_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in NCCL_ENV.items():
-        env.setdefault(name, value)
-    return env
-
-
-def _read(path: Path) -> dict[str, Any] | None:
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A command's own record, if it wrote a complete JSON object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -93,10 +68,10 @@ def _read(path: Path) -> dict[str, Any] | None:
 def merge_rank_failures(out: Path) -> dict[str, Any] | None:
     """Rank 0's record, with the status of the first rank > 0 that failed on its own when rank
     0 did not succeed or only saw the others stop; the ranks' files are removed."""
-    record, others = _read(out), {}
+    record, others = read_record(out), {}
     for path in out.parent.glob(f"{out.name}.rank*"):
         suffix = path.name.removeprefix(f"{out.name}.rank")
-        if suffix.isdigit() and (other := _read(path)) is not None:
+        if suffix.isdigit() and (other := read_record(path)) is not None:
             others[int(suffix)] = other
         path.unlink(missing_ok=True)
     if record is not None and not only_stopped(record):
@@ -105,7 +80,7 @@ def merge_rank_failures(out: Path) -> dict[str, Any] | None:
         if other.get("status") not in (None, "ok") and not only_stopped(other):
             merged = {**(record or other), "status": other["status"],
                       "message": f"rank {rank}: {other.get('message') or ''}"}
-            out.write_text(json.dumps(merged, indent=2) + "\n")
+            write_whole(out, merged)
             return merged
     return record
 
@@ -113,13 +88,6 @@ def merge_rank_failures(out: Path) -> dict[str, Any] | None:
 def only_stopped(record: dict[str, Any]) -> bool:
     """A failed record that only says the rank was stopped (another rank failed first)."""
     return record.get("status") == "error" and bool(STOPPED.search(str(record.get("message"))))
-
-
-def unsupported(out: Path, why: str) -> int:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"status": "unsupported", "message": why}, indent=2) + "\n")
-    print(f"launch: unsupported: {why}", file=sys.stderr)
-    return EXIT_UNSUPPORTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,12 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd or args.ranks < 1:
         parser.error("need --ranks >= 1 and a command after --")
-    _, why = placement(args.device, args.ranks)
-    if why:
-        return unsupported(args.out, why)
+    if why := why_not_here(args.device, args.ranks):
+        write_whole(args.out, {"status": "unsupported", "message": why})
+        print(f"launch: unsupported: {why}", file=sys.stderr)
+        return EXIT_CODES["unsupported"]
     for path in args.out.parent.glob(f"{args.out.name}.rank*"):
         path.unlink()  # a previous attempt's
-    code = subprocess.call(torchrun_command(args.ranks, cmd), env=launch_env())
+    # torchrun on one node, with a free rendezvous port of its own (--standalone)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(args.ranks), "--no-python", *cmd]
+    code = subprocess.call(torchrun, env={**NCCL_ENV, **os.environ})
     merge_rank_failures(args.out)
     return code
 

@@ -1,5 +1,6 @@
-"""What the pipeline does with a run that did not succeed: its record stays, its capture and
-statistics become labelled empty files, so every downstream job still has its inputs.
+"""Runs that did not end ``ok``: their record stays, their capture and statistics become
+labelled empty files (every downstream job still has its inputs), and the pipeline names them
+at its end (``onsuccess``); ``fail_on: error`` makes them an exit 1.
 
     python -m pipeline.outcome ok RESULT.json                      # exit 0 iff status ok
     python -m pipeline.outcome placeholders RESULT.json FILE ...   # empty FILEs unless ok
@@ -8,12 +9,13 @@ statistics become labelled empty files, so every downstream job still has its in
 
 from __future__ import annotations
 
-import argparse
+import csv
 import json
 import sys
 from pathlib import Path
 
 OK = "ok"
+MESSAGE_CHARS = 160
 
 
 def status_of(result: Path) -> tuple[str, str]:
@@ -27,8 +29,7 @@ def status_of(result: Path) -> tuple[str, str]:
 
 def write_placeholders(result: Path, files: list[Path]) -> bool:
     """Empty the capture files of a failed run (a partial export must never be read)."""
-    status, _ = status_of(result)
-    if status == OK:
+    if status_of(result)[0] == OK:
         return False
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,7 +38,7 @@ def write_placeholders(result: Path, files: list[Path]) -> bool:
 
 
 def write_failed_stats(result: Path, outdir: Path, reports: list[str]) -> None:
-    """Header-less empty CSVs and a metrics.json carrying the run's status and message."""
+    """Header-only CSVs and a metrics.json carrying the run's status and message."""
     from analysis.reports import HEADERS
 
     status, message = status_of(result)
@@ -49,28 +50,48 @@ def write_failed_stats(result: Path, outdir: Path, reports: list[str]) -> None:
     (outdir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.outcome", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    ok = sub.add_parser("ok", help="exit 0 when RESULT's status is ok, else 1")
-    ok.add_argument("result", type=Path)
-    ph = sub.add_parser("placeholders", help="empty FILEs unless RESULT's status is ok")
-    ph.add_argument("result", type=Path)
-    ph.add_argument("files", type=Path, nargs="+")
-    fs = sub.add_parser("failed-stats", help="empty report CSVs + metrics.json with status")
-    fs.add_argument("result", type=Path)
-    fs.add_argument("outdir", type=Path)
-    fs.add_argument("reports", nargs="+")
-    args = parser.parse_args(argv)
-    if args.command == "ok":
-        return 0 if status_of(args.result)[0] == OK else 1
-    if args.command == "placeholders":
-        if write_placeholders(args.result, args.files):
-            print(f"{args.result}: status {status_of(args.result)[0]}; capture files left empty")
+def first_line(message: str) -> str:
+    line = next((s.strip() for s in message.splitlines() if s.strip()), "(no message)")
+    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 1] + "…"
+
+
+def end_of_run(results: Path, fail_on: str) -> tuple[str, str | None]:
+    """The console block naming each run of summary.csv that did not end ok (its status,
+    message's first line and the job log with the rest: its capture's for `capture_*`, else
+    its timing job's), "" if none; and the error to stop with under ``fail_on: error``."""
+    summary = results / "summary.csv"
+    text = summary.read_text() if summary.is_file() else ""
+    rows = list(csv.DictReader(text.splitlines(keepends=True)))
+    failed = [r for r in rows if (r.get("status") or OK) != OK]
+    if not failed:
+        return "", None
+    consequence = ("fail_on: error: the workflow exits 1" if fail_on == "error" else
+                   "kept as results; fail_on: error makes that an exit 1")
+    width = max(len(r["run"]) for r in failed)
+    lines = [f"profbench: {len(failed)} of {len(rows)} runs did not end ok (summary.csv; "
+             f"{consequence}):"]
+    for r in failed:
+        job = "profile" if r["status"].startswith("capture_") else "time_run"
+        lines += [f"  {r['run']:<{width}}  {r['status']}: {first_line(r.get('message') or '')}",
+                  f"  {'':<{width}}  log: {results / 'logs' / job / (r['run'] + '.log')}"]
+    stop = (f"{len(failed)} run(s) did not end ok ({', '.join(r['run'] for r in failed)}) and "
+            "the config says fail_on: error; their results are kept")
+    return "\n".join(lines), stop if fail_on == "error" else None
+
+
+def main(argv: list[str]) -> int:
+    command, result, *rest = argv if len(argv) >= 2 else ["usage", ""]
+    if command == "ok" and not rest:
+        return 0 if status_of(Path(result))[0] == OK else 1
+    if command == "placeholders" and rest:
+        if write_placeholders(Path(result), [Path(f) for f in rest]):
+            print(f"{result}: status {status_of(Path(result))[0]}; capture files left empty")
+    elif command == "failed-stats" and len(rest) >= 2:
+        write_failed_stats(Path(result), Path(rest[0]), rest[1:])
     else:
-        write_failed_stats(args.result, args.outdir, args.reports)
+        sys.exit(f"usage: {__doc__.split(chr(10) * 2)[1].strip()}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,12 +1,13 @@
-"""Launching one command: in a process group of its own, its output streamed through and its
-last lines kept, stopped (its group and every process below it) on a timeout, a request of
-the caller or a signal to the guard. The command is a started process (subprocess.Popen) or a
-child of a warm parent (pipeline/warm.py): both lead their own group and have ``wait``.
+"""Launching one command in a process group of its own, its output streamed through and its
+last lines kept, and stopping it (its group and every process below it) on a timeout, a
+request of the caller or a signal to the guard. The command is a subprocess.Popen or a child
+of a warm parent (warm.Child): both lead their own group and have ``wait``.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from workloads.proctree import alive, descendants
 TAIL_LINES = 200  # kept from the output, to judge a failure
 POLL_S = 0.5  # how often `watch` looks at a running command
 KILL_WAIT_S = 5.0  # how long SIGKILLed processes may take to go
+PR_SET_CHILD_SUBREAPER = 36
 _ADOPTED: list[int] = []  # this process's pid, once it adopts its commands' orphans
 
 
@@ -40,7 +42,7 @@ class Outcome:
     def signal_name(self) -> str | None:
         """The signal that killed it (directly, or a shell's 128+N), if any."""
         code = -self.returncode if self.returncode < 0 else self.returncode - 128
-        if self.returncode < 0 or 0 < code < signal.NSIG:
+        if 0 < code < signal.NSIG:
             try:
                 return signal.Signals(code).name
             except ValueError:
@@ -49,16 +51,11 @@ class Outcome:
 
 
 def adopt_orphans() -> None:
-    """Become the subreaper of the commands' trees (prctl PR_SET_CHILD_SUBREAPER): a process
-    whose parent died (a rank whose torchrun was killed) is still found below the guard.
-    Not for a guard that may start a warm parent: that outlives the job."""
-    try:
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0:
-            _ADOPTED.append(os.getpid())
-    except (OSError, AttributeError):
-        pass  # not Linux: the tree below the command is what gets stopped
+    """Become the subreaper of the commands' trees: a process whose parent died (a rank whose
+    torchrun was killed) is still found below the guard. Not for a guard that may start a
+    warm parent: that outlives the job."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+        _ADOPTED.append(os.getpid())
 
 
 class Running:
@@ -68,36 +65,29 @@ class Running:
         self.proc, self.pid = proc, proc.pid
         self.start, self.started_unix = time.monotonic(), round(time.time(), 3)
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.pumps = [self._pump(stdout, sys.stdout.buffer), self._pump(stderr, sys.stderr.buffer)]
+        self.pumps = [threading.Thread(target=self._pump, args=pipes, daemon=True)
+                      for pipes in ((stdout, sys.stdout.buffer), (stderr, sys.stderr.buffer))]
+        for pump in self.pumps:
+            pump.start()
 
-    def _pump(self, source: IO[bytes], sink: IO[bytes]) -> threading.Thread:
-        def copy() -> None:
-            sink_open = True
-            for line in iter(source.readline, b""):
-                self.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
-                if sink_open:
-                    try:
-                        sink.write(line)
-                        sink.flush()
-                    except OSError:  # our reader went away: drain on, or the command blocks
-                        sink_open = False
-            source.close()
-
-        thread = threading.Thread(target=copy, daemon=True)
-        thread.start()
-        return thread
+    def _pump(self, source: IO[bytes], sink: IO[bytes] | None) -> None:
+        for line in iter(source.readline, b""):
+            self.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+            try:
+                if sink is not None:
+                    sink.write(line)
+                    sink.flush()
+            except OSError:  # our reader went away: drain on, or the command blocks
+                sink = None
+        source.close()
 
     def signal(self, signum: int) -> None:
         """`signum` to the command's group and every process below it (torchrun starts each
         rank in a session of its own) and below the guard, if it adopted orphans."""
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in descendants({self.pid, *_ADOPTED}):
+        for pid in [-self.pid, *descendants({self.pid, *_ADOPTED})]:
             try:
                 os.kill(pid, signum)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
 
     def stop(self, signum: int, grace_s: float) -> None:
@@ -115,45 +105,33 @@ class Running:
             time.sleep(0.05)
 
     def wait(self, timeout_s: float | None, grace_s: float,
-             watch: Callable[[Running], bool] | None = None) -> Outcome:
+             watch: Callable[[Running], bool]) -> Outcome:
         """Wait for the end, stopping the command past `timeout_s` (SIGTERM, SIGKILL after
         `grace_s`) or when `watch`, asked every POLL_S, says so."""
+        deadline = float("inf") if timeout_s is None else self.start + timeout_s
         timed_out = stopped = False
-        deadline = None if timeout_s is None else self.start + timeout_s
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        while not timed_out and not stopped:
             try:
-                self.proc.wait(timeout=POLL_S if left is None else min(POLL_S, left))
+                self.proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
-                if deadline is not None and time.monotonic() >= deadline:
-                    timed_out = True
-                    self.stop(signal.SIGTERM, grace_s)
-                    break
-                if watch is not None and watch(self):
-                    stopped = True
-                    self.stop(signal.SIGTERM, grace_s)
-                    break
-        self._drain()
-        lost = getattr(self.proc, "lost", None)
-        if lost:
+                timed_out = time.monotonic() >= deadline
+                stopped = not timed_out and watch(self)
+        if timed_out or stopped:
+            self.stop(signal.SIGTERM, grace_s)
+        for pump in self.pumps:  # processes that outlive the command, holding its pipes, go
+            pump.join(timeout=5)
+            if pump.is_alive():
+                self.signal(signal.SIGKILL)
+                pump.join()
+        if lost := getattr(self.proc, "lost", None):
             self.tail.append(f"guard: {lost}")
         return Outcome(self.proc.returncode, round(time.monotonic() - self.start, 3), timed_out,
                        self.started_unix, self.tail, stopped)
 
-    def _drain(self) -> None:
-        """The output's end; processes that outlive the command holding its pipes are killed."""
-        for pump in self.pumps:
-            pump.join(timeout=5)
-        if any(p.is_alive() for p in self.pumps):
-            self.signal(signal.SIGKILL)
-            for pump in self.pumps:
-                pump.join()
 
-
-def start(cmd: list[str], env: dict[str, str] | None = None) -> Running:
+def start(cmd: list[str]) -> Running:
     """`cmd` as a process in a session of its own; OSError when it cannot start."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    return Running(proc, proc.stdout, proc.stderr)
+                            start_new_session=True)
+    return Running(proc, proc.stdout, proc.stderr)  # type: ignore[arg-type]

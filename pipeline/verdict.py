@@ -1,14 +1,21 @@
-"""A command's result from how it ended: its own record's status, else what its exit and its
-last lines say (timeout, oom, unsupported, error), with the failed rank's own lines first for
-a distributed run (torchrun's closing report would fill the message by itself)."""
+"""A command's result from how it ended (docs/reliability.md), and what a capture adds: nsys
+losing its agent while a session starts (a transient of Nsight Systems on a busy machine: it
+exits 1 or 0 before the workload ran, so the guard starts the command again), and an export
+counts only as a complete nsys SQLite file.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from pipeline.process import Outcome
+from pipeline.launch import only_stopped
+from pipeline.process import Outcome, Running
 from workloads.contract import EXIT_CODES
 
 MESSAGE_LINES = 12  # of the output's last lines, how many an error's message keeps
@@ -20,6 +27,16 @@ OOM_OUTPUT = re.compile(r"out of memory|can(?:no|')t allocate memory|MemoryError
 TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 TORCHRUN_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/elastic/")
 TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(\S.*?)\s*$")
+NSYS_START_FAILURE = re.compile(
+    r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
+START_FAILURE_MAX_S = 30.0  # within a second on a quiet machine, 10 s on a saturated one
+TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
+# A command still running this long after saying so (a rank's nsys exited 0 and its peers
+# wait for it) is stopped, then started again.
+START_FAILURE_STOP_S = 3.0
+START_RETRIES = 2
+START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
+NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 
 
 def torchrun_report_at(lines: Sequence[str]) -> int | None:
@@ -35,8 +52,8 @@ def last_lines(tail: Sequence[str]) -> str:
     if end is None:
         return "\n".join(lines[-MESSAGE_LINES:])
     start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most")), end)
-    report = lines[end:]
-    cause = report[next((i for i, line in enumerate(report) if "Root Cause" in line), 0):]
+    cause = lines[end:]
+    cause = cause[next((i for i, line in enumerate(cause) if "Root Cause" in line), 0):]
     fields = dict(m.groups() for line in cause if (m := TORCHRUN_FIELD.match(line)))
     before = [line for line in lines[:start] if not TORCHRUN_LOG.match(line)]
     if "rank" not in fields:
@@ -61,9 +78,7 @@ def classify(outcome: Outcome) -> dict[str, Any]:
         return {"status": "oom", "message": "killed by SIGKILL (the kernel's OOM killer)"}
     if outcome.returncode == EXIT_OOM:
         return {"status": "oom", "message": f"exited with code {EXIT_OOM} (out of memory)"}
-    said = next((line.strip() for line in reversed(outcome.tail) if OOM_OUTPUT.search(line)),
-                None)
-    if said:
+    if said := next((s.strip() for s in reversed(outcome.tail) if OOM_OUTPUT.search(s)), None):
         return {"status": "oom", "message": said}
     how, output = how_it_ended(outcome), last_lines(outcome.tail)
     if outcome.returncode == EXIT_UNSUPPORTED:
@@ -73,8 +88,7 @@ def classify(outcome: Outcome) -> dict[str, Any]:
 
 def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None
           ) -> dict[str, Any]:
-    """The result: a timeout first, then the command's own status, else what its exit says;
-    with the exit code, elapsed time and when it ran (``guard_unix``)."""
+    """The result, with the exit code, elapsed time and when it ran (``guard_unix``)."""
     if outcome.timed_out:
         result = {**(own or {}), "status": "timeout",
                   "message": f"exceeded timeout_min={timeout_s / 60:g} ({timeout_s:g} s)"}
@@ -92,3 +106,83 @@ def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None
     if outcome.returncode < 0:
         result["signal"] = outcome.signal_name
     return result
+
+
+def _said_lost_agent(lines: Sequence[str]) -> bool:
+    return any(NSYS_START_FAILURE.search(line.strip()) for line in list(lines))  # a copy
+
+
+def lost_agent_watch() -> Callable[[Running], bool]:
+    """For Running.wait: True once the command said nsys lost its agent at start and still
+    runs START_FAILURE_STOP_S later."""
+    seen: list[float] = []
+
+    def watch(running: Running) -> bool:
+        if not seen and time.monotonic() - running.start <= START_FAILURE_MAX_S + \
+                TORCHRUN_START_S and _said_lost_agent(running.tail):
+            seen.append(time.monotonic())
+        if seen and time.monotonic() - seen[0] >= START_FAILURE_STOP_S:
+            print("guard: nsys lost its agent while starting and the command goes on "
+                  "(the other ranks wait for that one): stopping it", file=sys.stderr, flush=True)
+            return True
+        return False
+
+    return watch
+
+
+def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
+    """nsys lost its agent while the session started: nothing of the run was recorded (under
+    torchrun, a rank stopped because its peer's nsys failed may have recorded only that)."""
+    if outcome.stopped:
+        return own is None or only_stopped(own)
+    under_torchrun = torchrun_report_at(list(outcome.tail)) is not None
+    window = START_FAILURE_MAX_S + (TORCHRUN_START_S if under_torchrun else 0.0)
+    nothing_recorded = own is None or (under_torchrun and only_stopped(own))
+    return (outcome.returncode in (0, 1) and not outcome.timed_out and nothing_recorded
+            and outcome.elapsed_s < window and _said_lost_agent(outcome.tail))
+
+
+def _sqlite_truncation(path: Path) -> str | None:
+    """A bad header, or a file shorter than its header's page count (valid when its
+    version-valid-for number equals the change counter: SQLite file format, 1.3.7)."""
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        return "is not an SQLite database"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages, size = int.from_bytes(header[28:32], "big"), path.stat().st_size
+    if header[24:28] == header[92:96] and pages and size < pages * page_size:
+        return f"is truncated ({size} of {pages * page_size} bytes)"
+    return None
+
+
+def check_nsys_export(path: Path) -> str | None:
+    """Why `path` is not a complete nsys SQLite export, or None."""
+    if problem := _sqlite_truncation(path):
+        return f"{path.name} {problem}"
+    try:
+        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+            for table in NSYS_EXPORT_TABLES:
+                if table not in tables:
+                    return f"{path.name}: export lacks table {table}"
+                con.execute(f"SELECT * FROM {table} LIMIT 1").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return f"{path.name} is not a readable SQLite database ({e})"
+    return None
+
+
+def check_expected(paths: list[Path], producer: str) -> str | None:
+    """Why the files a successful command must leave are not all there and sound, or None."""
+    for path in paths:
+        if not path.exists():
+            return f"{producer} produced no {path.name} ({path})"
+        if path.stat().st_size == 0:
+            return f"{producer} produced an empty {path.name} ({path})"
+        if path.suffix == ".sqlite" and (problem := check_nsys_export(path)):
+            return problem
+    return None

@@ -1,14 +1,9 @@
-"""The warm parent: an interpreter that has imported torch, Dynamo, Inductor, Triton and the
-workloads, without touching CUDA, and forks a fresh workload process per request.
+"""The warm parent (docs/timing.md, "How a process starts"): an interpreter that has imported
+torch, Dynamo, Inductor, Triton and the workloads, without touching CUDA, and forks a fresh
+workload process per request. One per timing slot and GPU, exiting with its owner (the
+Snakemake process in NAME); a guard reaches it over multiprocessing.connection.
 
     python -m pipeline.warm NAME SLOT [--preload MODULES]
-
-One per timing slot and GPU, started by the first guard that needs it in that job's
-environment; it exits with its owner (the Snakemake process in NAME). Over
-multiprocessing.connection (an abstract Unix socket, the peer's uid checked) a guard sends the
-workload's arguments, environment, folder and stdio (send_handle); the child leads a session
-of its own and sends its pid, the parent its wait status, or kills the child's group if the
-guard's connection ends first. A job it cannot serve as a new process is refused.
 """
 
 from __future__ import annotations
@@ -115,8 +110,7 @@ class Child:
 
 @dataclass
 class Parents:
-    """One invocation's warm parents as a guard reaches them: their name, log folder and a
-    preload list other than PRELOAD (comma-separated)."""
+    """One invocation's warm parents as a guard reaches them (preload: comma-separated)."""
 
     name: str
     logs: Path | None = None
@@ -131,10 +125,10 @@ class Parents:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     start_new_session=True)
 
-    def _connect(self, slot: int, deadline: float, started: subprocess.Popen | None = None
+    def _connect(self, slot: int, deadline: float
                  ) -> tuple[connection.Connection, dict[str, Any]]:
         """A connection to `slot`'s parent (started if none listens) and its hello."""
-        limit = min(deadline, time.monotonic() + CONNECT_S)
+        limit, started = min(deadline, time.monotonic() + CONNECT_S), None
         while True:
             try:
                 conn = connection.Client(address(self.name, slot), family="AF_UNIX")
@@ -145,58 +139,38 @@ class Parents:
                     raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
                 time.sleep(0.02)
         try:
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise Unavailable(f"fork server {slot} was not ready in time")
-            return conn, conn.recv()
+            if conn.poll(max(0.0, deadline - time.monotonic())):
+                return conn, conn.recv()
         except (EOFError, OSError):
             conn.close()
             raise Unavailable("fork server closed the connection before it was ready") from None
-        except Unavailable:
-            conn.close()
-            raise
-
-    def start(self, slots: list[int], deadline: float) -> list[int]:
-        """Start the parents of `slots` that do not listen yet, together, and wait until each
-        has preloaded (before a run's first repeat, never beside one). The slots started."""
-        new = {}
-        for slot in dict.fromkeys(slots):
-            try:
-                connection.Client(address(self.name, slot), family="AF_UNIX").close()
-            except ConnectionRefusedError:
-                new[slot] = self._start(slot)
-        for slot, started in new.items():
-            with suppress(Unavailable):
-                self._connect(slot, deadline, started)[0].close()
-        return list(new)
+        conn.close()
+        raise Unavailable(f"fork server {slot} was not ready in time")
 
     def spawn(self, slot: int, argv: list[str], env: dict[str, str], deadline: float
               ) -> tuple[Child, Any, Any]:
-        """`python -m workloads ARGV` forked by `slot`'s parent: the child, its stdout and
-        stderr (pipes). Unavailable when it cannot."""
-        conn, hello = self._connect(slot, deadline)
+        """`python -m workloads ARGV` forked by `slot`'s parent: the child, its stdout, stderr.
+        (Should the guard die meanwhile, its connection ends: the parent kills the child.)"""
+        conn, reply = self._connect(slot, deadline)
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
-            if "refuse" in hello:
-                raise Unavailable(f"fork server {slot} refused: {hello['refuse']}")
-            conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
-            with open(os.devnull, "rb") as stdin:
-                for fd in (stdin.fileno(), out_w, err_w):
-                    reduction.send_handle(conn, fd, hello["pid"])
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise Unavailable(f"fork server {slot} did not fork in time")
-            reply = conn.recv()
-            if "pid" not in reply:
-                raise Unavailable(f"fork server {slot} refused: {reply.get('refuse')}")
-        except BaseException as e:
-            conn.close()  # the parent stops a child it forked
-            os.close(out_r)
-            os.close(err_r)
-            if isinstance(e, (EOFError, OSError)):
-                raise Unavailable(f"fork server {slot} went away: {e!r}") from None
-            raise
+            if "pid" in reply:
+                conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
+                for fd in (out_w, err_w):
+                    reduction.send_handle(conn, fd, reply["pid"])
+                reply = conn.recv() if conn.poll(max(0.0, deadline - time.monotonic())) else {
+                    "failed": "did not fork in time"}
+        except (EOFError, OSError) as e:
+            reply = {"failed": f"went away: {e!r}"}
         finally:
             os.close(out_w)
             os.close(err_w)
+        if "pid" not in reply:
+            conn.close()
+            os.close(out_r)
+            os.close(err_r)
+            why = reply.get("failed") or f"refused: {reply['refuse']}"
+            raise Unavailable(f"fork server {slot} {why}")
         return Child(reply["pid"], conn), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
 
 
@@ -214,30 +188,26 @@ def asked_in_a_child(question: Any) -> bool | None:
 def preload(modules: tuple[str, ...]) -> dict[str, float | str]:
     """Import `modules`: seconds each, or why not. Inductor asks torch.cuda.is_available() at
     import, which would start NVML's (or the driver's) thread here: while preloading, a forked
-    child answers it, and the real function is back before any job runs."""
+    child answers it. (A failed required import ends the parent's service: no restore.)"""
     times: dict[str, float | str] = {}
     real = None
-    try:
-        for module in modules:
-            start = time.perf_counter()
-            try:
-                importlib.import_module(module)
-            except Exception as e:
-                if module in REQUIRED:
-                    raise
-                times[module] = f"not preloaded: {type(e).__name__}: {e}"
-                continue
-            times[module] = round(time.perf_counter() - start, 3)
-            if module == "torch":
-                import torch
-
-                real = torch.cuda.is_available
-                answer = asked_in_a_child(real)
-                if answer is not None:
-                    torch.cuda.is_available = lambda answer=answer: answer
-    finally:
-        if real is not None:
-            sys.modules["torch"].cuda.is_available = real
+    for module in modules:
+        start = time.perf_counter()
+        try:
+            importlib.import_module(module)
+        except Exception as e:
+            if module in REQUIRED:
+                raise
+            times[module] = f"not preloaded: {type(e).__name__}: {e}"
+            continue
+        times[module] = round(time.perf_counter() - start, 3)
+        if module == "torch":
+            cuda = sys.modules["torch"].cuda
+            real, answer = cuda.is_available, asked_in_a_child(cuda.is_available)
+            if answer is not None:
+                cuda.is_available = lambda answer=answer: answer
+    if real is not None:
+        sys.modules["torch"].cuda.is_available = real
     for key in INSTALL_KEYS:  # constants of the install: computed once, inherited by children
         module, attr = key.rsplit(".", 1)
         with suppress(Exception):
@@ -290,10 +260,12 @@ def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
             if refusal:
                 continue
             request = conn.recv()
-            fds = [reduction.recv_handle(conn) for _ in range(3)]
+            fds = [reduction.recv_handle(conn) for _ in range(2)]
             differ = sorted(k for k in {*env, *request["env"]} if IMPORT_TIME_ENV.match(k)
                             and env.get(k) != request["env"].get(k))
             if differ or request["cwd"] != cwd:
+                for fd in fds:
+                    os.close(fd)
                 conn.send({"refuse": f"the job's environment differs from the server's in "
                                      f"{', '.join(differ)}" if differ else
                                      f"the job runs in {request['cwd']}, the server in {cwd}"})
@@ -328,12 +300,12 @@ def _fork_and_reap(conn: connection.Connection, listener: socket.socket, fds: li
 
 def _become_the_workload(conn: connection.Connection, fds: list[int],
                          request: dict[str, Any]) -> None:
-    """A new process for the job: own session, its stdio, folder, environment, signal
-    dispositions and unseeded generators; it ends as an interpreter does."""
+    """A fresh process for the job (docs/timing.md); it ends as an interpreter does."""
     code = 1
     try:
         os.setsid()
-        for target, fd in enumerate(fds):
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for target, fd in enumerate(fds, start=1):
             os.dup2(fd, target)
             os.close(fd)
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
@@ -350,11 +322,9 @@ def _become_the_workload(conn: connection.Connection, fds: list[int],
         code = int(main.main(request["argv"]) or 0)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (e.code is not None)
-    except KeyboardInterrupt:
+    except BaseException as e:
         traceback.print_exc()
-        code = 130
-    except BaseException:
-        traceback.print_exc()
+        code = 130 if isinstance(e, KeyboardInterrupt) else 1
     with suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]  # as an interpreter's exit does
         atexit._run_exitfuncs()
@@ -385,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.warm", description=__doc__)
     parser.add_argument("name")
     parser.add_argument("slot", type=int)
-    parser.add_argument("--preload", help="comma-separated modules instead of PRELOAD")
+    parser.add_argument("--preload", default="", help="comma-separated, instead of PRELOAD")
     args = parser.parse_args(argv)
-    modules = tuple(m for m in (args.preload or "").split(",") if m) or PRELOAD
+    modules = tuple(filter(None, args.preload.split(","))) or PRELOAD
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         serve(args.name, args.slot, modules)

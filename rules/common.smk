@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 from pipeline import bytecode as _bytecode  # noqa: E402
 from pipeline import config as _config  # noqa: E402
-from pipeline import failures as _failures  # noqa: E402
+from pipeline import outcome as _outcome  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
 from pipeline import gpus as _gpus  # noqa: E402
 from pipeline import resources as _resources  # noqa: E402
@@ -370,7 +370,7 @@ onstart:
 
 onsuccess:
     # the runs that did not end ok, said out loud; `fail_on: error` makes them an exit 1
-    block, stop = _failures.end_of_run(Path(RESULTS), config["fail_on"])
+    block, stop = _outcome.end_of_run(Path(RESULTS), config["fail_on"])
     if block:
         print(block, file=sys.stderr)
     if stop:

@@ -32,7 +32,6 @@ import torch
 
 from workloads import calibrate, devicelock, flops, models, parallel, process_state
 from workloads.attention import SDPA_BACKENDS
-from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
 from workloads.cpuprobe import probe_ms
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
@@ -41,6 +40,7 @@ from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
 from workloads.jsonfile import write_whole
 from workloads.nvtx_ranges import rng
 from workloads.op_ranges import OP_RANGES
+from workloads.proctree import stop_compile_workers
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
 from workloads.status import classify

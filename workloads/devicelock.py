@@ -1,9 +1,7 @@
-"""The device lock of a capture: held from before its first CUDA call until it exits.
-
-The guard names the lock file of the job's GPU (``PROFBENCH_DEVICE_LOCK``, pipeline/gpus.py).
-A capture takes it, then waits until what an earlier process left on the GPU is released, so
-its measurement runs on a GPU that holds no other process. The kernel drops the lock when the
-process ends, also when it is killed. Standard library at import: the guard imports it.
+"""The device lock of a capture (docs/timing.md, "Whole GPUs per job"): the guard names the
+lock file of the job's GPU (``PROFBENCH_DEVICE_LOCK``); the capture holds it from before its
+first CUDA call until it exits (the kernel drops it then, also on a kill), and first waits
+until what an earlier process left on the GPU is released. Standard library at import.
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ def hold_device(device: Any, process: dict[str, Any]) -> float | None:
     path = os.environ.pop(ENV_DEVICE_LOCK, None)  # not inherited by what this process starts
     if not path:
         return None
+    import torch
+
     from workloads import process_state
 
     start = time.monotonic()
@@ -34,20 +34,14 @@ def hold_device(device: Any, process: dict[str, Any]) -> float | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)  # fd stays open: held until this process exits
     process_state.mark(process, "device")
-    if device.type == "cuda" and not _vacated(device):
-        process["vacated_wait_timed_out"] = True
-    process_state.mark(process, "vacated")
-    return round(time.monotonic() - start, 4)
-
-
-def _vacated(device: Any) -> bool:
-    import torch
-
     deadline = time.monotonic() + VACATED_WAIT_S
-    while True:
+    while device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)  # creates this process's context
         if total - free <= VACATED_SLACK_BYTES:
-            return True
+            break
         if time.monotonic() > deadline:
-            return False
+            process["vacated_wait_timed_out"] = True
+            break
         time.sleep(0.01)
+    process_state.mark(process, "vacated")
+    return round(time.monotonic() - start, 4)
