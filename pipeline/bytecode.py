@@ -20,9 +20,13 @@ PREFIX, DONT_WRITE = "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"
 
 
 def keep_bytecode(environ: MutableMapping[str, str], module: str = "torch",
-                  cache: Path | None = None) -> str | None:
+                  cache: Path | None = None, in_container: bool = False) -> str | None:
     """Give `environ` a bytecode cache when an interpreter started with it would compile
-    `module` (the bulk of a job's imports) from source; what was done, for the log, or None."""
+    `module` (the bulk of a job's imports) from source; what was done, for the log, or None.
+    Not for jobs `in_container`: the image's packages were compiled when it was built, and a
+    prefix would make its interpreters look for their bytecode there instead."""
+    if in_container:
+        return None
     try:
         spec = None if environ.get(PREFIX) else importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -39,10 +43,3 @@ def keep_bytecode(environ: MutableMapping[str, str], module: str = "torch",
     environ.pop(DONT_WRITE, None)
     return (f"{module} has no bytecode and {why}: every process would compile its imports; "
             f"caching bytecode in {environ[PREFIX]} ({PREFIX})")
-
-
-def keep_jobs_bytecode(environ: MutableMapping[str, str], in_container: bool) -> str | None:
-    """`keep_bytecode` for the environment of an invocation's jobs, unless they run in the
-    image: its packages were compiled when it was built, and a prefix would make its
-    interpreters look for their bytecode there instead."""
-    return None if in_container else keep_bytecode(environ)

@@ -1,7 +1,8 @@
 """Whole GPUs for the GPU jobs of one machine (docs/timing.md, "Whole GPUs per job"): the
 host's GPUs (``CUDA_VISIBLE_DEVICES``' entries when set, so ``0,1,2,3`` is a 4-GPU host even
 without one, else NVML's; without any, one slot, the CPU), and which job holds which: a
-``flock`` per GPU until its guard exits; taking is all or nothing, under a lock on the folder.
+``flock`` per GPU, held until its guard exits (also when killed); taking is all or nothing,
+under a lock on the folder.
 
     python -m pipeline.gpus count    # GPU jobs this host runs side by side (1 without a GPU)
 """
@@ -21,9 +22,6 @@ from typing import Any
 
 CPU = "cpu"  # the one slot of a host without a GPU
 ENV = "CUDA_VISIBLE_DEVICES"
-# GPU p's warm parent of timing slot s is slot `s + FORK_SLOTS_PER_GPU * p` (pipeline/warm.py):
-# a parent's environment, CUDA_VISIBLE_DEVICES included, is that of its GPU.
-FORK_SLOTS_PER_GPU = 100
 POLL_S = 0.05  # between tries while every fitting set of GPUs is held (a cap above the host's)
 
 
@@ -45,15 +43,11 @@ def nvml_gpus() -> list[str]:
     return re.findall(r"^GPU \d+:.*\(UUID: (\S+?)\)", out, re.M)
 
 
-def host_gpus(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries."""
-    value = environ.get(ENV)
-    return visible_entries(value) if value is not None else nvml_gpus()
-
-
 def slots(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """The host's GPUs, or the CPU's one slot where it has none."""
-    return host_gpus(environ) or [CPU]
+    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries, or the CPU's one slot
+    where there are none."""
+    value = environ.get(ENV)
+    return (visible_entries(value) if value is not None else nvml_gpus()) or [CPU]
 
 
 def lock_folder(workdir: Path, hostname: str) -> Path:
@@ -81,10 +75,6 @@ class Held:
         """The command's CUDA_VISIBLE_DEVICES (for the CPU slot, the environment's stays)."""
         return {} if self.gpus == [CPU] else {ENV: ",".join(self.gpus)}
 
-    def fork_slot(self, slot: int) -> int:
-        """The warm parent of timing slot `slot` on this job's GPU."""
-        return slot + FORK_SLOTS_PER_GPU * self.indices[0]
-
     def device_lock(self) -> Path:
         """The device lock of the job's first GPU (workloads/devicelock.py)."""
         return self.folder / f"{_file_name(self.gpus[0])}.device"
@@ -94,11 +84,6 @@ class Held:
         return {"gpus": list(self.gpus), "indices": list(self.indices),
                 "cuda_visible_devices": environ.get(ENV), "waited_s": round(self.waited_s, 3),
                 "taken_unix": round(self.taken_unix, 3)}
-
-    def release(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds.clear()
 
 
 def _lock(path: Path, wait: bool) -> int | None:

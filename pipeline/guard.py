@@ -2,15 +2,16 @@
 (docs/reliability.md).
 
     python -m pipeline.guard --out RESULT.json [--timeout-s N] [--grace-s N] [--run NAME]
-        [--expect FILE ...] [--repeats R] [--fork-slot N]
+        [--expect FILE ...] [--repeats R] [--fork]
         [--gpu-locks DIR --host-gpus IDS [--gpus K] [--device-lock]] -- CMD ARGS...
 
-CMD runs as a process group of its own (pipeline/process.py) or, with --fork-slot, is forked
-by that slot's warm parent (pipeline/warm.py: those named in PROFBENCH_FORKSERVER, logging to
-PROFBENCH_FORKSERVER_LOGS; rules/common.smk sets both). --repeats R runs CMD R times, one after
-another, {repeat} in --out, --fork-slot and CMD becoming the index; a repeat ending oom,
+CMD runs as a process group of its own (pipeline/process.py) or, with --fork, is forked by
+the warm parent of its repeat index on its GPU (pipeline/warm.py: those named in
+PROFBENCH_FORKSERVER, logging to PROFBENCH_FORKSERVER_LOGS; rules/common.smk sets both).
+--repeats R runs CMD R times, one after another, {repeat} in --out and CMD becoming the
+index; a repeat ending oom,
 unsupported or timeout ends the run, the later ones are `skipped` records. --gpu-locks: the
-job first takes K whole GPUs (pipeline/gpus.py) and gives them to CMD as CUDA_VISIBLE_DEVICES.
+job first takes K (1) whole GPUs (pipeline/gpus.py) and gives them to CMD as CUDA_VISIBLE_DEVICES.
 Exit 0 once RESULT.json is written, 2 for usage errors, 128+N on signal N: the command's group
 is stopped and no result is left, so Snakemake reruns the job.
 """
@@ -25,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline import bytecode, gpus, launch, process, verdict, warm
+from pipeline import bytecode, gpus, process, verdict, warm
+from pipeline.outcome import first_line
 from workloads import devicelock
-from workloads.jsonfile import write_whole
+from workloads.jsonfile import read_whole, write_whole
 
 SERVER_WAIT_S = 300.0  # at most, for a warm parent still preloading (within --timeout-s)
 REPEAT = "{repeat}"
@@ -36,9 +38,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    """A signal to the guard (args: its number)."""
 
 
 def say(message: str) -> None:
@@ -54,27 +54,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--expect", nargs="+", type=Path, default=[], metavar="FILE")
     p.add_argument("--run")
     p.add_argument("--repeats", type=int, metavar="R")
-    p.add_argument("--fork-slot", metavar="N")
+    p.add_argument("--fork", action="store_true")
     p.add_argument("--gpu-locks", type=Path, metavar="DIR")
     p.add_argument("--host-gpus", metavar="IDS")
-    p.add_argument("--gpus", type=int, metavar="K")
+    p.add_argument("--gpus", type=int, default=1, metavar="K")
     p.add_argument("--device-lock", action="store_true")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     for bad, why in [
         (not args.cmd, "no command given (put it after --)"),
-        ((args.gpu_locks is None) != (not args.host_gpus),
-         "--gpu-locks and --host-gpus go together"),
         (args.repeats is not None and args.repeats < 1,
          f"--repeats must be at least 1, not {args.repeats}"),
         (args.repeats and REPEAT not in str(args.out),
          f"--repeats needs {REPEAT} in --out (each repeat writes its own)"),
-        (args.repeats is None and any(REPEAT in a for a in [str(args.out), args.fork_slot or "",
-                                                            *args.cmd]),
-         f"{REPEAT} is only replaced with --repeats"),
-        (not (args.fork_slot or "0").replace(REPEAT, "0").isdigit(),
-         f"--fork-slot must be a number (or {REPEAT}), not {args.fork_slot!r}")]:
+        (args.repeats is None and any(REPEAT in a for a in [str(args.out), *args.cmd]),
+         f"{REPEAT} is only replaced with --repeats")]:
         if bad:
             p.error(why)
     return args
@@ -85,35 +80,29 @@ def take_gpus(args: argparse.Namespace) -> gpus.Held | None:
     if args.gpu_locks is None:
         return None
     host = args.host_gpus.split(",")
-    held = gpus.take(args.gpu_locks, host, args.gpus or launch.ranks_in(args.cmd) or 1,
-                     owner=args.run or str(args.out))
+    held = gpus.take(args.gpu_locks, host, args.gpus, owner=args.run or str(args.out))
     os.environ.update(held.env())
     if args.device_lock:
         os.environ[devicelock.ENV_DEVICE_LOCK] = str(held.device_lock())
-    what = ("the CPU's slot (no GPU)" if held.gpus == [gpus.CPU] else
-            f"GPU {', '.join(map(str, held.indices))} of {len(host)}, "
-            f"CUDA_VISIBLE_DEVICES={held.env()[gpus.ENV]}")
-    say(f"took {what} after {held.waited_s:.2f} s")
+    say(f"took GPU {held.indices} of {len(host)} {held.env() or '(the CPU slot)'} after "
+        f"{held.waited_s:.2f} s")
     return held
 
 
 def slot_of(args: argparse.Namespace, repeat: int, held: gpus.Held | None) -> int | None:
-    """The warm parent of a repeat: its slot on the job's GPU; None without one."""
-    if warm.ENV_NAME not in os.environ or args.fork_slot is None:
+    """The warm parent of a repeat: one per repeat index and GPU; None without one."""
+    if not args.fork or warm.ENV_NAME not in os.environ:
         return None
-    slot = int(args.fork_slot.replace(REPEAT, str(repeat)))
-    return held.fork_slot(slot) if held is not None else slot
+    return repeat + warm.SLOTS_PER_GPU * (held.indices[0] if held is not None else 0)
 
 
 def start(args: argparse.Namespace, cmd: list[str], slot: int | None) -> process.Running:
     """The command forked by its warm parent when one can, else started as a process."""
     if slot is not None:
-        logs, env = os.environ.get(warm.ENV_LOGS), dict(os.environ)
-        parents = warm.Parents(env[warm.ENV_NAME], logs and Path(logs), env.get(warm.ENV_PRELOAD))
         wait = min(SERVER_WAIT_S, args.timeout_s or SERVER_WAIT_S)
         try:
-            child, out, err = parents.spawn(slot, warm.workload_argv(cmd), env,
-                                            time.monotonic() + wait)
+            child, out, err = warm.spawn(dict(os.environ), slot, warm.workload_argv(cmd),
+                                         time.monotonic() + wait)
             say(f"forked by fork server {slot} (pid {child.pid})")
             return process.Running(child, out, err)
         except warm.Unavailable as e:
@@ -132,11 +121,12 @@ def run_once(args: argparse.Namespace, out: Path, cmd: list[str], slot: int | No
                     "returncode": None, "elapsed_s": 0.0}
         outcome = current[0].wait(args.timeout_s, args.grace_s, verdict.lost_agent_watch())
         current.clear()
-        own = launch.read_record(out)
+        own = read_whole(out)
         if attempt == verdict.START_RETRIES or not verdict.failed_to_start(outcome, own):
             break
-        say("nsys lost its agent while starting (a known transient of nsys); starting the "
-            "command again")
+        went_on = "; it went on (its peers wait for it): stopping it" if outcome.stopped else ""
+        say(f"nsys lost its agent while starting (a known transient of nsys){went_on}; starting "
+            "the command again")
         out.unlink(missing_ok=True)  # a stopped rank's record is not the next attempt's
         time.sleep(verdict.START_RETRY_PAUSE_S * (attempt + 1))
     result = verdict.judge(outcome, own, args.timeout_s)
@@ -147,11 +137,10 @@ def run_once(args: argparse.Namespace, out: Path, cmd: list[str], slot: int | No
 
 
 def skipped(repeat: int, after: int, ended: dict[str, Any]) -> dict[str, Any]:
-    why = str(ended.get("message") or "").strip().splitlines()
     return {"status": "skipped", "repeat": repeat,
             "skipped_after": {"repeat": after, "status": ended["status"]},
-            "message": f"not run: repeat {after} ended {ended['status']}"
-                       + (f" ({why[0]})" if why else "")}
+            "message": f"not run: repeat {after} ended {ended['status']} "
+                       f"({first_line(str(ended.get('message') or ''))})"}
 
 
 def interrupted(signum: int, _frame: object) -> None:
@@ -169,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if warm.ENV_NAME not in os.environ:
         process.adopt_orphans()
     current: list[process.Running] = []
-    held, out, repeats = None, args.out, args.repeats or 1
-    try:
+    out, repeats = args.out, args.repeats or 1
+    try:  # the GPUs' locks are held until this process exits
         held = take_gpus(args)  # first: nothing of the job runs before it has its GPUs
         ended: tuple[int, dict[str, Any]] | None = None
         for repeat in range(repeats):
@@ -195,14 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                 ended = (repeat, result)
     except Interrupted as stop:
         for running in current:
-            running.stop(stop.signum, args.grace_s)
+            running.stop(stop.args[0], args.grace_s)
         out.unlink(missing_ok=True)  # an interrupted run has no result
-        say(f"interrupted by {stop}; the command's process group was stopped and no result "
-            "was written")
-        return 128 + stop.signum
-    finally:
-        if held is not None:
-            held.release()
+        say(f"interrupted by {signal.Signals(stop.args[0]).name}; the command's process group "
+            "was stopped and no result was written")
+        return 128 + stop.args[0]
     return 0
 
 

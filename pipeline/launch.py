@@ -9,7 +9,6 @@ the others stop. Standard library only: it starts before torch is imported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -19,7 +18,7 @@ from typing import Any
 
 from pipeline import gpus
 from workloads.contract import EXIT_CODES
-from workloads.jsonfile import write_whole
+from workloads.jsonfile import read_whole, write_whole
 
 # NVLink SHARP / multicast off for NCCL, torch symmetric memory and NVSHMEM.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -28,16 +27,6 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 # (SIGTERM from torchrun, or its collective broken by the failed peer).
 STOPPED = re.compile(r"terminated by signal|SIGTERM|SIGKILL|Connection closed by peer"
                      r"|Connection reset|Broken pipe|communicator was aborted", re.IGNORECASE)
-
-
-def ranks_in(cmd: list[str]) -> int | None:
-    """The --ranks of a ``<python> -m pipeline.launch`` command (the GPUs its job takes)."""
-    if cmd[1:3] != ["-m", "pipeline.launch"]:
-        return None
-    own = cmd[3:cmd.index("--")] if "--" in cmd else cmd[3:]
-    values = [b for a, b in zip(own, own[1:], strict=False) if a == "--ranks"]
-    values += [a.removeprefix("--ranks=") for a in own if a.startswith("--ranks=")]
-    return int(values[0]) if values and values[0].isdigit() else None  # launch rejects it
 
 
 def why_not_here(device: str, ranks: int) -> str | None:
@@ -56,22 +45,13 @@ def why_not_here(device: str, ranks: int) -> str | None:
                                         f"each); this machine has {cores}")
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
-    """A command's own record, if it wrote a complete JSON object."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def merge_rank_failures(out: Path) -> dict[str, Any] | None:
     """Rank 0's record, with the status of the first rank > 0 that failed on its own when rank
     0 did not succeed or only saw the others stop; the ranks' files are removed."""
-    record, others = read_record(out), {}
+    record, others = read_whole(out), {}
     for path in out.parent.glob(f"{out.name}.rank*"):
         suffix = path.name.removeprefix(f"{out.name}.rank")
-        if suffix.isdigit() and (other := read_record(path)) is not None:
+        if suffix.isdigit() and (other := read_whole(path)) is not None:
             others[int(suffix)] = other
         path.unlink(missing_ok=True)
     if record is not None and not only_stopped(record):

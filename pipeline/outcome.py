@@ -14,27 +14,27 @@ import json
 import sys
 from pathlib import Path
 
+from workloads.jsonfile import read_whole
+
 OK = "ok"
 MESSAGE_CHARS = 160
 
 
 def status_of(result: Path) -> tuple[str, str]:
     """(status, message) of a guarded job's result record; a missing record is an error."""
-    try:
-        record = json.loads(result.read_text())
-    except (OSError, ValueError) as exc:
-        return "error", f"no readable result record {result}: {exc}"
+    if (record := read_whole(result)) is None:
+        return "error", f"no readable result record {result}"
     return str(record.get("status", OK)), str(record.get("message") or "")
 
 
-def write_placeholders(result: Path, files: list[Path]) -> bool:
+def write_placeholders(result: Path, files: list[Path]) -> None:
     """Empty the capture files of a failed run (a partial export must never be read)."""
-    if status_of(result)[0] == OK:
-        return False
+    if (status := status_of(result)[0]) == OK:
+        return
     for path in files:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
-    return True
+    print(f"{result}: status {status}; capture files left empty")
 
 
 def write_failed_stats(result: Path, outdir: Path, reports: list[str]) -> None:
@@ -84,8 +84,7 @@ def main(argv: list[str]) -> int:
     if command == "ok" and not rest:
         return 0 if status_of(Path(result))[0] == OK else 1
     if command == "placeholders" and rest:
-        if write_placeholders(Path(result), [Path(f) for f in rest]):
-            print(f"{result}: status {status_of(Path(result))[0]}; capture files left empty")
+        write_placeholders(Path(result), [Path(f) for f in rest])
     elif command == "failed-stats" and len(rest) >= 2:
         write_failed_stats(Path(result), Path(rest[0]), rest[1:])
     else:

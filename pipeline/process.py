@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import suppress
 from typing import IO, Any
 
 from workloads.proctree import alive, descendants
@@ -27,29 +27,6 @@ PR_SET_CHILD_SUBREAPER = 36
 _ADOPTED: list[int] = []  # this process's pid, once it adopts its commands' orphans
 
 
-@dataclass
-class Outcome:
-    """How a command ended."""
-
-    returncode: int
-    elapsed_s: float  # from its start: its timeout's clock
-    timed_out: bool
-    started_unix: float
-    tail: collections.deque[str] = field(default_factory=collections.deque)
-    stopped: bool = False  # stopped because `watch` asked
-
-    @property
-    def signal_name(self) -> str | None:
-        """The signal that killed it (directly, or a shell's 128+N), if any."""
-        code = -self.returncode if self.returncode < 0 else self.returncode - 128
-        if 0 < code < signal.NSIG:
-            try:
-                return signal.Signals(code).name
-            except ValueError:
-                return f"signal {code}"
-        return None
-
-
 def adopt_orphans() -> None:
     """Become the subreaper of the commands' trees: a process whose parent died (a rank whose
     torchrun was killed) is still found below the guard. Not for a guard that may start a
@@ -59,7 +36,9 @@ def adopt_orphans() -> None:
 
 
 class Running:
-    """A started command: its process (Popen or warm.Child), output pumps and clocks."""
+    """A started command: its process (Popen or warm.Child), output pumps and clocks; once
+    `wait` returns, how it ended: returncode (< 0: its signal), elapsed_s (from its start:
+    its timeout's clock), timed_out, stopped (because `watch` asked)."""
 
     def __init__(self, proc: Any, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.proc, self.pid = proc, proc.pid
@@ -85,18 +64,14 @@ class Running:
         """`signum` to the command's group and every process below it (torchrun starts each
         rank in a session of its own) and below the guard, if it adopted orphans."""
         for pid in [-self.pid, *descendants({self.pid, *_ADOPTED})]:
-            try:
+            with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def stop(self, signum: int, grace_s: float) -> None:
         """`signum`, then SIGKILL after `grace_s`; returns once nothing of it runs."""
         self.signal(signum)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
         self.signal(signal.SIGKILL)
         self.proc.wait()
         deadline = time.monotonic() + KILL_WAIT_S
@@ -105,9 +80,9 @@ class Running:
             time.sleep(0.05)
 
     def wait(self, timeout_s: float | None, grace_s: float,
-             watch: Callable[[Running], bool]) -> Outcome:
+             watch: Callable[[Running], bool]) -> Running:
         """Wait for the end, stopping the command past `timeout_s` (SIGTERM, SIGKILL after
-        `grace_s`) or when `watch`, asked every POLL_S, says so."""
+        `grace_s`) or when `watch`, asked every POLL_S, says so; this, ended."""
         deadline = float("inf") if timeout_s is None else self.start + timeout_s
         timed_out = stopped = False
         while not timed_out and not stopped:
@@ -126,8 +101,9 @@ class Running:
                 pump.join()
         if lost := getattr(self.proc, "lost", None):
             self.tail.append(f"guard: {lost}")
-        return Outcome(self.proc.returncode, round(time.monotonic() - self.start, 3), timed_out,
-                       self.started_unix, self.tail, stopped)
+        self.returncode, self.timed_out, self.stopped = self.proc.returncode, timed_out, stopped
+        self.elapsed_s = round(time.monotonic() - self.start, 3)
+        return self
 
 
 def start(cmd: list[str]) -> Running:

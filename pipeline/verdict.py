@@ -1,21 +1,20 @@
 """A command's result from how it ended (docs/reliability.md), and what a capture adds: nsys
 losing its agent while a session starts (a transient of Nsight Systems on a busy machine: it
 exits 1 or 0 before the workload ran, so the guard starts the command again), and an export
-counts only as a complete nsys SQLite file.
+counts only as an nsys SQLite file the analysis can open (analysis/reading/database.py).
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
-import sys
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.launch import only_stopped
-from pipeline.process import Outcome, Running
+from pipeline.process import Running
 from workloads.contract import EXIT_CODES
 
 MESSAGE_LINES = 12  # of the output's last lines, how many an error's message keeps
@@ -31,12 +30,10 @@ NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 30.0  # within a second on a quiet machine, 10 s on a saturated one
 TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks first
-# A command still running this long after saying so (a rank's nsys exited 0 and its peers
-# wait for it) is stopped, then started again.
+# A command still running this long after saying so is stopped, then started again.
 START_FAILURE_STOP_S = 3.0
 START_RETRIES = 2
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
-NSYS_EXPORT_TABLES = ("StringIds", "TARGET_INFO_SESSION_START_TIME", "META_DATA_EXPORT")
 
 
 def torchrun_report_at(lines: Sequence[str]) -> int | None:
@@ -63,18 +60,29 @@ def last_lines(tail: Sequence[str]) -> str:
                       f"torchrun: rank {rank} failed first (exit code {code})"])
 
 
-def how_it_ended(outcome: Outcome) -> str:
-    name = outcome.signal_name
+def signal_name(returncode: int) -> str | None:
+    """The signal that killed a command (directly, or a shell's 128+N), if any."""
+    code = -returncode if returncode < 0 else returncode - 128
+    if 0 < code < signal.NSIG:
+        try:
+            return signal.Signals(code).name
+        except ValueError:
+            return f"signal {code}"
+    return None
+
+
+def how_it_ended(outcome: Running) -> str:
+    name = signal_name(outcome.returncode)
     if outcome.returncode < 0:
         return f"killed by {name}"
     return f"exited with code {outcome.returncode}" + (f" ({name})" if name else "")
 
 
-def classify(outcome: Outcome) -> dict[str, Any]:
+def classify(outcome: Running) -> dict[str, Any]:
     """The status of a command that left none of its own."""
     if outcome.returncode == 0:
         return {"status": "ok"}
-    if outcome.signal_name == "SIGKILL":
+    if signal_name(outcome.returncode) == "SIGKILL":
         return {"status": "oom", "message": "killed by SIGKILL (the kernel's OOM killer)"}
     if outcome.returncode == EXIT_OOM:
         return {"status": "oom", "message": f"exited with code {EXIT_OOM} (out of memory)"}
@@ -86,7 +94,7 @@ def classify(outcome: Outcome) -> dict[str, Any]:
     return {"status": "error", "message": f"{how}; last output:\n{output}" if output else how}
 
 
-def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None
+def judge(outcome: Running, own: dict[str, Any] | None, timeout_s: float | None
           ) -> dict[str, Any]:
     """The result, with the exit code, elapsed time and when it ran (``guard_unix``)."""
     if outcome.timed_out:
@@ -104,7 +112,7 @@ def judge(outcome: Outcome, own: dict[str, Any] | None, timeout_s: float | None
                   guard_unix={"started": outcome.started_unix,
                               "ended": round(outcome.started_unix + outcome.elapsed_s, 3)})
     if outcome.returncode < 0:
-        result["signal"] = outcome.signal_name
+        result["signal"] = signal_name(outcome.returncode)
     return result
 
 
@@ -114,23 +122,19 @@ def _said_lost_agent(lines: Sequence[str]) -> bool:
 
 def lost_agent_watch() -> Callable[[Running], bool]:
     """For Running.wait: True once the command said nsys lost its agent at start and still
-    runs START_FAILURE_STOP_S later."""
+    runs START_FAILURE_STOP_S later (a rank's nsys exited 0 and its peers wait for it)."""
     seen: list[float] = []
 
     def watch(running: Running) -> bool:
-        if not seen and time.monotonic() - running.start <= START_FAILURE_MAX_S + \
-                TORCHRUN_START_S and _said_lost_agent(running.tail):
+        early = time.monotonic() - running.start <= START_FAILURE_MAX_S + TORCHRUN_START_S
+        if not seen and early and _said_lost_agent(running.tail):
             seen.append(time.monotonic())
-        if seen and time.monotonic() - seen[0] >= START_FAILURE_STOP_S:
-            print("guard: nsys lost its agent while starting and the command goes on "
-                  "(the other ranks wait for that one): stopping it", file=sys.stderr, flush=True)
-            return True
-        return False
+        return bool(seen) and time.monotonic() - seen[0] >= START_FAILURE_STOP_S
 
     return watch
 
 
-def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
+def failed_to_start(outcome: Running, own: dict[str, Any] | None) -> bool:
     """nsys lost its agent while the session started: nothing of the run was recorded (under
     torchrun, a rank stopped because its peer's nsys failed may have recorded only that)."""
     if outcome.stopped:
@@ -142,38 +146,18 @@ def failed_to_start(outcome: Outcome, own: dict[str, Any] | None) -> bool:
             and outcome.elapsed_s < window and _said_lost_agent(outcome.tail))
 
 
-def _sqlite_truncation(path: Path) -> str | None:
-    """A bad header, or a file shorter than its header's page count (valid when its
-    version-valid-for number equals the change counter: SQLite file format, 1.3.7)."""
-    with path.open("rb") as f:
-        header = f.read(100)
-    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-        return "is not an SQLite database"
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages, size = int.from_bytes(header[28:32], "big"), path.stat().st_size
-    if header[24:28] == header[92:96] and pages and size < pages * page_size:
-        return f"is truncated ({size} of {pages * page_size} bytes)"
-    return None
-
-
 def check_nsys_export(path: Path) -> str | None:
-    """Why `path` is not a complete nsys SQLite export, or None."""
-    if problem := _sqlite_truncation(path):
-        return f"{path.name} {problem}"
+    """Why `path` is not an nsys SQLite export the analysis can open, or None. (SQLite finds a
+    file shorter than its header says: "database disk image is malformed".)"""
+    from analysis.reading.database import NSYS_MARKERS, ExportError, connect
+
     try:
-        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
-            for table in NSYS_EXPORT_TABLES:
-                if table not in tables:
-                    return f"{path.name}: export lacks table {table}"
-                con.execute(f"SELECT * FROM {table} LIMIT 1").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error as e:
-        return f"{path.name} is not a readable SQLite database ({e})"
-    return None
+        con, tables = connect(path)
+    except ExportError as e:
+        return f"{path.name}: {e.reason}"
+    con.close()
+    missing = [table for table in NSYS_MARKERS if table not in tables]
+    return f"{path.name}: export lacks table {missing[0]}" if missing else None
 
 
 def check_expected(paths: list[Path], producer: str) -> str | None:

@@ -1,18 +1,17 @@
 """The warm parent (docs/timing.md, "How a process starts"): an interpreter that has imported
 torch, Dynamo, Inductor, Triton and the workloads, without touching CUDA, and forks a fresh
 workload process per request. One per timing slot and GPU, exiting with its owner (the
-Snakemake process in NAME); a guard reaches it over multiprocessing.connection.
-
-    python -m pipeline.warm NAME SLOT [--preload MODULES]
+Snakemake process in NAME); a guard starts it (`spawn`: python -m pipeline.warm NAME SLOT
+MODULES, comma-separated, none for PRELOAD) and reaches it over multiprocessing.connection.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import importlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -24,7 +23,6 @@ import threading
 import time
 import traceback
 from contextlib import suppress
-from dataclasses import dataclass
 from multiprocessing import connection, reduction
 from pathlib import Path
 from typing import Any
@@ -53,8 +51,11 @@ IMPORT_TIME_ENV = re.compile(
 PROCESS_ONLY_OPTIONS = ("--memory_limit_mb", "--memory-limit-mb")
 TORCH_FIXED_DEFAULT_SEED = 67280421310721  # c10's default_rng_seed_val
 CONNECT_S = 15.0  # for a parent just started to listen
-# Set by rules/common.smk for an invocation's jobs: the parents' name and log folder (the
-# guard's defaults); a shorter preload list (tests).
+# GPU p's parent of repeat index r is slot `r + SLOTS_PER_GPU * p`: a parent's environment,
+# CUDA_VISIBLE_DEVICES included, is that of its GPU.
+SLOTS_PER_GPU = 100
+# Set by rules/common.smk for an invocation's jobs: the parents' name and log folder; a
+# shorter preload list (tests).
 ENV_NAME, ENV_LOGS = "PROFBENCH_FORKSERVER", "PROFBENCH_FORKSERVER_LOGS"
 ENV_PRELOAD = "PROFBENCH_FORKSERVER_PRELOAD"
 
@@ -108,70 +109,55 @@ class Child:
         return self.returncode
 
 
-@dataclass
-class Parents:
-    """One invocation's warm parents as a guard reaches them (preload: comma-separated)."""
+def _start(env: dict[str, str], slot: int) -> subprocess.Popen[bytes]:
+    """`slot`'s parent for the parents named in `env`, logging beside the job logs."""
+    cmd = [sys.executable, "-m", "pipeline.warm", env[ENV_NAME], str(slot),
+           env.get(ENV_PRELOAD, "")]
+    log = Path(env[ENV_LOGS]) / f"forkserver.s{slot}.log" if ENV_LOGS in env else Path(os.devnull)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:  # a session of its own: it outlives this job
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True)
 
-    name: str
-    logs: Path | None = None
-    preload: str | None = None
 
-    def _start(self, slot: int) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "pipeline.warm", self.name, str(slot)]
-        cmd += ["--preload", self.preload] if self.preload else []
-        log = self.logs / f"forkserver.s{slot}.log" if self.logs else Path(os.devnull)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:  # a session of its own: it outlives this job
-            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    start_new_session=True)
-
-    def _connect(self, slot: int, deadline: float
-                 ) -> tuple[connection.Connection, dict[str, Any]]:
-        """A connection to `slot`'s parent (started if none listens) and its hello."""
-        limit, started = min(deadline, time.monotonic() + CONNECT_S), None
-        while True:
-            try:
-                conn = connection.Client(address(self.name, slot), family="AF_UNIX")
-                break
-            except ConnectionRefusedError:
-                started = started or self._start(slot)
-                if started.poll() is not None or time.monotonic() > limit:
-                    raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
-                time.sleep(0.02)
+def _connect(env: dict[str, str], slot: int, deadline: float) -> connection.Connection:
+    """A connection to `slot`'s parent, started if none listens."""
+    limit, started = min(deadline, time.monotonic() + CONNECT_S), None
+    while True:
         try:
-            if conn.poll(max(0.0, deadline - time.monotonic())):
-                return conn, conn.recv()
-        except (EOFError, OSError):
-            conn.close()
-            raise Unavailable("fork server closed the connection before it was ready") from None
+            return connection.Client(address(env[ENV_NAME], slot), family="AF_UNIX")
+        except ConnectionRefusedError:
+            started = started or _start(env, slot)
+            if started.poll() is not None or time.monotonic() > limit:
+                raise Unavailable(f"fork server {slot} did not listen (see its log)") from None
+            time.sleep(0.02)
+
+
+def spawn(env: dict[str, str], slot: int, argv: list[str], deadline: float
+          ) -> tuple[Child, Any, Any]:
+    """`python -m workloads ARGV` in `env`, forked by `slot`'s parent of those `env` names: the
+    child, its stdout, stderr. (Should the guard die meanwhile, its connection ends: the
+    parent kills the child.)"""
+    conn = _connect(env, slot, deadline)
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    try:  # sent at once: a parent still preloading reads it when ready
+        conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
+        for fd in (out_w, err_w):
+            reduction.send_handle(conn, fd, 0)  # (the pid is for Windows)
+        reply = conn.recv() if conn.poll(max(0.0, deadline - time.monotonic())) else {
+            "failed": "was not ready in time"}
+    except (EOFError, OSError):
+        reply = {"failed": "closed the connection before forking"}
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    if "pid" not in reply:
         conn.close()
-        raise Unavailable(f"fork server {slot} was not ready in time")
-
-    def spawn(self, slot: int, argv: list[str], env: dict[str, str], deadline: float
-              ) -> tuple[Child, Any, Any]:
-        """`python -m workloads ARGV` forked by `slot`'s parent: the child, its stdout, stderr.
-        (Should the guard die meanwhile, its connection ends: the parent kills the child.)"""
-        conn, reply = self._connect(slot, deadline)
-        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-        try:
-            if "pid" in reply:
-                conn.send({"argv": argv, "env": env, "cwd": os.getcwd()})
-                for fd in (out_w, err_w):
-                    reduction.send_handle(conn, fd, reply["pid"])
-                reply = conn.recv() if conn.poll(max(0.0, deadline - time.monotonic())) else {
-                    "failed": "did not fork in time"}
-        except (EOFError, OSError) as e:
-            reply = {"failed": f"went away: {e!r}"}
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        if "pid" not in reply:
-            conn.close()
-            os.close(out_r)
-            os.close(err_r)
-            why = reply.get("failed") or f"refused: {reply['refuse']}"
-            raise Unavailable(f"fork server {slot} {why}")
-        return Child(reply["pid"], conn), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
+        os.close(out_r)
+        os.close(err_r)
+        why = reply.get("failed") or f"refused: {reply['refuse']}"
+        raise Unavailable(f"fork server {slot} {why}")
+    return Child(reply["pid"], conn), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
 
 
 def asked_in_a_child(question: Any) -> bool | None:
@@ -229,10 +215,11 @@ def unforkable() -> str | None:
 
 def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
     """Preload, then serve one request at a time while the owner lives."""
-    owner, listener = int(name.split("-")[1]), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    owner = int(name.split("-")[1])
+    owner_gone = os.pidfd_open(owner)  # readable once the owner has exited
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address(name, slot))  # before preloading: guards wait in the backlog
     listener.listen(64)
-    listener.settimeout(1.0)
     start = time.perf_counter()
     try:
         times, refusal = preload(modules), unforkable()
@@ -242,36 +229,34 @@ def serve(name: str, slot: int, modules: tuple[str, ...]) -> None:
     log(f"slot {slot}: preloaded in {time.perf_counter() - start:.2f} s: {json.dumps(times)}")
     if refusal:
         log(f"slot {slot}: refusing every request: {refusal}")
-    hello = {"refuse": refusal} if refusal else {"pid": os.getpid()}
     env, cwd = dict(os.environ), os.getcwd()
-    while alive(owner):
-        try:
-            sock, _ = listener.accept()
-        except TimeoutError:
-            continue
-        sock.settimeout(None)
+    while owner_gone not in connection.wait([listener, owner_gone]):
+        sock, _ = listener.accept()
         peer = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         if struct.unpack("3i", peer)[1] != os.getuid():  # an abstract socket has no modes
             sock.close()
             continue
         with suppress(EOFError, OSError, KeyError, TypeError), \
                 connection.Connection(sock.detach()) as conn:
-            conn.send(hello)
-            if refusal:
-                continue
             request = conn.recv()
             fds = [reduction.recv_handle(conn) for _ in range(2)]
-            differ = sorted(k for k in {*env, *request["env"]} if IMPORT_TIME_ENV.match(k)
-                            and env.get(k) != request["env"].get(k))
-            if differ or request["cwd"] != cwd:
-                for fd in fds:
+            if (why := refusal or _mismatch(env, cwd, request)) or conn.poll(0):
+                for fd in fds:  # (readable: its guard stopped waiting, the connection ended)
                     os.close(fd)
-                conn.send({"refuse": f"the job's environment differs from the server's in "
-                                     f"{', '.join(differ)}" if differ else
-                                     f"the job runs in {request['cwd']}, the server in {cwd}"})
+                conn.send({"refuse": why})
                 continue
             conn.send({"status": _fork_and_reap(conn, listener, fds, request, slot)})
     log(f"slot {slot}: owner {owner} is gone; exiting")
+
+
+def _mismatch(env: dict[str, str], cwd: str, request: dict[str, Any]) -> str | None:
+    """Why a fork would not start as the job would: its import-time environment or folder."""
+    differ = sorted(k for k in {*env, *request["env"]} if IMPORT_TIME_ENV.match(k)
+                    and env.get(k) != request["env"].get(k))
+    if differ:
+        return f"the job's environment differs from the server's in {', '.join(differ)}"
+    where = request["cwd"]
+    return None if where == cwd else f"the job runs in {where}, the server in {cwd}"
 
 
 def _fork_and_reap(conn: connection.Connection, listener: socket.socket, fds: list[int],
@@ -336,8 +321,6 @@ def _become_the_workload(conn: connection.Connection, fds: list[int],
 def _reseed() -> None:
     """The generators a fresh interpreter seeds from the OS get fresh seeds; torch's starts
     where a fresh process's would (from the OS, or this torch's fixed seed)."""
-    import random
-
     import torch
 
     random.seed()
@@ -351,20 +334,15 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} forkserver[{os.getpid()}] {message}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.warm", description=__doc__)
-    parser.add_argument("name")
-    parser.add_argument("slot", type=int)
-    parser.add_argument("--preload", default="", help="comma-separated, instead of PRELOAD")
-    args = parser.parse_args(argv)
-    modules = tuple(filter(None, args.preload.split(","))) or PRELOAD
+def main(argv: list[str]) -> int:
+    name, slot, modules = argv  # as _start gives them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(args.name, args.slot, modules)
+        serve(name, int(slot), tuple(filter(None, modules.split(","))) or PRELOAD)
     except OSError as e:  # another guard's parent won the race for this slot
-        log(f"slot {args.slot}: not serving: {e}")
+        log(f"slot {slot}: not serving: {e}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -363,7 +363,7 @@ onstart:
     say_gpus()
     # Every job's imports from bytecode where the install keeps none (pipeline/bytecode.py;
     # the guard does the same for each GPU job, this covers the statistics and report jobs).
-    bytecode_note = _bytecode.keep_jobs_bytecode(os.environ, USE_CONTAINER)
+    bytecode_note = _bytecode.keep_bytecode(os.environ, in_container=USE_CONTAINER)
     if bytecode_note:
         print(f"profbench: {bytecode_note}", file=sys.stderr)
 

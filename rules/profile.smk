@@ -15,8 +15,10 @@ CAPTURE_ARGS = {
 }
 # Every GPU job starts its workload through the guard, in WORKLOAD_ENV (one CPU thread, no
 # pre-started compile pool: rules/common.smk), on whole GPUs the guard takes for it where the
-# jobs run on this machine (GUARD_GPU_ARGS: one, or a distributed command's ranks).
-GUARD = f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{GUARD_GPU_ARGS}"
+# jobs run on this machine (GUARD_GPU_ARGS, and job_gpus: one, or a distributed run's ranks).
+def GUARD(wildcards) -> str:
+    gpu_args = f"{GUARD_GPU_ARGS} --gpus {job_gpus(wildcards)}" if GUARD_GPU_ARGS else ""
+    return f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{gpu_args}"
 
 
 localrules:
@@ -67,7 +69,7 @@ rule calibrate:
     container:
         RULE_CONTAINER
     shell:
-        "{params.guard} --fork-slot 0 --out {output} --"
+        "{params.guard} --fork --out {output} --"
         " {params.python} -m workloads calibrate --out {output} > {log} 2>&1"
 
 
@@ -107,7 +109,7 @@ rule time_run:
         # run come from different interpreters (each GPU has its own parents). A repeat that
         # ends oom, unsupported or timeout ends the run (the later ones are `skipped` records).
         "{params.guard} --run {wildcards.run} --repeats {params.repeats}"
-        " --fork-slot '{{repeat}}' --out {params.out} --"
+        " --fork --out {params.out} --"
         " {params.python} -m workloads {params.workload} --out {params.out} > {log} 2>&1"
 
 

@@ -139,10 +139,10 @@ def test_damaged_export_is_an_error_naming_it(tmp_path: Path, damage: str) -> No
     if damage == "truncated":
         data = NSYS_EXPORT.read_bytes()
         sqlite.write_bytes(data[: len(data) // 2])
-        expected = "profile.sqlite is truncated"
+        expected = "profile.sqlite: not a readable SQLite database (database disk"
     elif damage == "not_sqlite":
         sqlite.write_text("Generating SQLite file ...\n")
-        expected = "profile.sqlite is not an SQLite database"
+        expected = "profile.sqlite: not a readable SQLite database (file is not a database)"
     elif damage == "not_nsys":
         with sqlite3.connect(sqlite) as con:
             con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
@@ -339,8 +339,7 @@ def test_captures_started_together_take_turns_at_the_device_lock(tmp_path: Path)
 @pytest.mark.parametrize(("opts", "says"), [
     (("--repeats", "2"), "--repeats needs {repeat} in --out"),
     (("--repeats", "0"), "--repeats must be at least 1"),
-    (("--fork-slot", "{repeat}"), "{repeat} is only replaced with --repeats"),
-    (("--fork-slot", "x"), "--fork-slot must be a number"),
+    (("--", "echo", "{repeat}"), "{repeat} is only replaced with --repeats"),
 ])
 def test_repeat_usage_errors_name_the_option(tmp_path: Path, opts: tuple[str, ...],
                                              says: str) -> None:

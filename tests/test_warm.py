@@ -89,7 +89,12 @@ def run_leak_config(tmp_path: Path, launcher: str) -> dict[tuple[str, int], dict
     for record in records.values():
         assert record["status"] == "ok", record["message"]
     if launcher == "fork":  # the parents exited with the invocation
-        pids = server_pids(workdir / "results/leak/logs")
+        logs = workdir / "results/leak/logs"
+        # what a child does inherit: the install's cache keys its parent computed (Triton's
+        # own key only where Triton is installed: not on a CPU-only torch)
+        for log in logs.glob("forkserver.s*.log"):
+            assert all(f'"{key}": "computed"' in log.read_text() for key in warm.INSTALL_KEYS[:2])
+        pids = server_pids(logs)
         assert len(pids) == len(REPEATS)
         assert all(wait_gone(pid) for pid in pids)
     return records
@@ -129,13 +134,6 @@ def test_nothing_compiled_or_allocated_before_the_workload(leak_records, launche
         assert p["cuda_initialized"] is False and p["cuda_memory"] is None
         assert p["inductor_code_cache_modules"] == 0
         assert p["dynamo_frame_counts"] == 0
-        # what a child does inherit: the install's cache keys its server computed
-        # (Triton's own key only where Triton is installed: not on a CPU-only torch)
-        cached = set(p["install_keys_cached"])
-        if launcher == "fork":
-            assert set(warm.INSTALL_KEYS[:2]) <= cached <= set(warm.INSTALL_KEYS)
-        else:
-            assert cached == set()
 
 
 def test_unseeded_generators_are_reseeded_and_seeded_ones_start_from_the_seed(
@@ -341,7 +339,7 @@ def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
 
 
 def guard_cmd(out: Path, workload: list[str], *opts: str) -> list[str]:
-    return [PY, "-m", "pipeline.guard", "--out", str(out), "--fork-slot", "0", *opts, "--",
+    return [PY, "-m", "pipeline.guard", "--out", str(out), "--fork", *opts, "--",
             PY, "-m", "workloads", *workload, "--out", str(out)]
 
 
@@ -450,7 +448,6 @@ def test_job_whose_environment_differs_gets_a_process(server_env, tmp_path: Path
 def test_bad_request_is_dropped_and_the_server_serves_on(server_env, tmp_path: Path) -> None:
     server = ready_server(server_env, tmp_path)
     with connection.Client(warm.address(server_env[warm.ENV_NAME], 0), family="AF_UNIX") as conn:
-        assert conn.recv()["pid"] == server
         conn.send({"argv": []})  # no environment, no folder
         for _ in range(2):
             connection.reduction.send_handle(conn, 0, server)
@@ -492,7 +489,7 @@ def test_server_that_dies_before_answering_means_a_process(tmp_path: Path) -> No
     finally:
         listener.close()
     assert done.returncode == 0, done.stderr
-    assert ("guard: not forked (fork server closed the connection before it was ready); "
+    assert ("guard: not forked (fork server 0 closed the connection before forking); "
             "starting a process") in done.stderr
     assert json.loads(out.read_text())["process"]["launcher"] == "process"
 

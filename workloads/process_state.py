@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workloads.contract import INSTALL_KEYS, LAUNCHER_ENV
+from workloads.contract import LAUNCHER_ENV
 
 
 def at_start() -> dict[str, Any]:
@@ -29,11 +29,12 @@ def at_start() -> dict[str, Any]:
         # server's): tells repeats from different interpreters apart
         "str_hash": hash("profbench"),
         "cuda_initialized": torch.cuda.is_initialized(),
-        "cuda_memory": _cuda_memory(),
+        # the caching allocator's bytes, only if CUDA already exists (reading would create it)
+        "cuda_memory": {"allocated": torch.cuda.memory_allocated(),
+                        "reserved": torch.cuda.memory_reserved()}
+        if torch.cuda.is_initialized() else None,
         "inductor_code_cache_modules": _inductor_modules(),
         "dynamo_frame_counts": _dynamo_frame_counts(),
-        # Inductor's install keys already computed in this process (by its warm parent)
-        "install_keys_cached": _install_keys_cached(),
         "python_random_draw": random.random(),
         "numpy_random_draw": None if numpy is None else float(numpy.random.random()),
         "torch_initial_seed": torch.initial_seed(),
@@ -66,34 +67,6 @@ def after_build() -> dict[str, Any]:
     generator = torch.Generator()
     generator.set_state(torch.default_generator.get_state())
     return {"torch_draw_after_build": float(torch.rand(1, generator=generator))}
-
-
-def _install_keys_cached() -> list[str]:
-    """Which of INSTALL_KEYS hold a value already (read from their cache, never computed)."""
-    split = [key.rsplit(".", 1) for key in INSTALL_KEYS]
-    return [f"{m}.{n}" for m, n in split if _holds_value(getattr(sys.modules.get(m), n, None))]
-
-
-def _holds_value(fn: Any) -> bool:
-    """functools' caches by their size, torch's prefetchable cache by its cell."""
-    if fn is None:
-        return False
-    info = getattr(fn, "cache_info", None)
-    if info is not None:
-        return info().currsize > 0
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
-    try:
-        value = cells["_cache"].cell_contents
-    except (KeyError, ValueError):
-        return False
-    return type(value) is not object  # its "nothing yet" sentinel is a bare object()
-
-
-def _cuda_memory() -> dict[str, int] | None:
-    """The caching allocator's bytes, only if CUDA already exists (reading would create it)."""
-    if not torch.cuda.is_initialized():
-        return None
-    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
 
 
 def _inductor_modules() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 
 COMPILE_WORKER = "compile_worker"  # in every compile worker's command line (pool and children)
@@ -43,13 +44,12 @@ def alive(pid: int) -> bool:
 
 def compile_workers() -> list[int]:
     """This process's descendants that are Inductor compile workers."""
-    def cmdline(pid: int) -> bytes:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return b""
-
-    return [p for p in descendants({os.getpid()}) if COMPILE_WORKER.encode() in cmdline(p)]
+    found = []
+    for pid in descendants({os.getpid()}):
+        with suppress(OSError):  # gone meanwhile
+            if COMPILE_WORKER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
 
 
 def stop_compile_workers(grace_s: float = 5.0) -> list[int]:
@@ -58,10 +58,8 @@ def stop_compile_workers(grace_s: float = 5.0) -> list[int]:
     workers = compile_workers()
     for signum in (signal.SIGTERM, signal.SIGKILL):
         for pid in workers:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(alive(pid) for pid in workers):
             time.sleep(0.05)
