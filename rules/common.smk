@@ -195,7 +195,7 @@ def gpus_at_once() -> int:
     return max(1, min(len(HOST_GPUS), cap if isinstance(cap, int) else len(HOST_GPUS)))
 
 
-# The guard's GPU arguments (rules/profile.smk: GUARD): where the locks are (in Snakemake's
+# The guard's GPU arguments (guard_command): where the locks are (in Snakemake's
 # folder of the working directory, which every job, also one in the image, sees and writes;
 # not in the results, which hold results only) and the GPUs to take them from.
 GPU_LOCKS = _gpus.lock_folder(Path("."), socket.gethostname())
@@ -232,7 +232,7 @@ def timing_threads():
     return threads
 
 
-# The workload's environment, part of the guard's command line (rules/profile.smk: GUARD), so
+# The workload's environment, part of the guard's command line (guard_command), so
 # every GPU job has it:
 # - one CPU thread in its capture and in its timing twin (which holds its GPU's share of the
 #   cores, see timing_threads): the same CPU-side work in both, whatever --cores is;
@@ -250,6 +250,13 @@ WORKLOAD_ENV = " ".join([*(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")), "TORCH_WARM_POOL=0",
     "PYTORCH_NVML_BASED_CUDA_CHECK=1"])
+
+
+def guard_command(wildcards) -> str:
+    """Every GPU job's guard: in WORKLOAD_ENV, on the whole GPUs it takes for the job where
+    jobs run on this machine (GUARD_GPU_ARGS; job_gpus: one, or a distributed run's ranks)."""
+    gpu_args = f"{GUARD_GPU_ARGS} --gpus {job_gpus(wildcards)}" if GUARD_GPU_ARGS else ""
+    return f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{gpu_args}"
 
 
 def gpu_job_mem_mb(wildcards, attempt) -> int:

@@ -13,12 +13,7 @@ CAPTURE_ARGS = {
     "cudaProfilerApi": "--capture-range=cudaProfilerApi --capture-range-end=stop",
     "none": "",
 }
-# Every GPU job starts its workload through the guard, in WORKLOAD_ENV (one CPU thread, no
-# pre-started compile pool: rules/common.smk), on whole GPUs the guard takes for it where the
-# jobs run on this machine (GUARD_GPU_ARGS, and job_gpus: one, or a distributed run's ranks).
-def GUARD(wildcards) -> str:
-    gpu_args = f"{GUARD_GPU_ARGS} --gpus {job_gpus(wildcards)}" if GUARD_GPU_ARGS else ""
-    return f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{gpu_args}"
+# Every GPU job starts its workload through the guard (rules/common.smk: guard_command).
 
 
 localrules:
@@ -60,7 +55,7 @@ rule calibrate:
     benchmark:
         f"{LOGS}/benchmark/calibrate.jsonl"
     params:
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
     resources:
         gpu=1,  # one whole GPU (rules/common.smk)
@@ -87,7 +82,7 @@ rule time_run:
         f"{LOGS}/benchmark/time_run/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
         repeats=len(REPEATS),
         # each repeat's record: the guard puts the repeat's index in place of {repeat}
@@ -135,7 +130,7 @@ rule profile:
         f"{LOGS}/benchmark/profile/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
-        guard=GUARD,
+        guard=guard_command,
         nsys=NSYS,
         python=PYTHON,
         trace=config["nsys"]["trace"],
