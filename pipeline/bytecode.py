@@ -1,24 +1,10 @@
 """Bytecode for the jobs' imports, cached where the interpreter's install cannot keep it.
 
-A GPU job's interpreter imports torch, and a train step or a compiled run also Dynamo and
-Inductor: thousands of modules. Python keeps each module's compiled bytecode next to its
-source (`__pycache__`), so only the first import ever compiles it. Where the install ships no
-bytecode (e.g. `pip install --no-compile`) and none can be written (`PYTHONDONTWRITEBYTECODE`
-set, as many Docker images do, or a read-only install), every process compiles them all
-again. On an H100 host whose torch install had no `__pycache__` and whose environment set
-PYTHONDONTWRITEBYTECODE=1, `import torch, torch._dynamo, torch._inductor.compile_fx` took
-12-13 s per process, and a capture's imports and model build 12 s of its 17 s of overhead;
-with the bytecode cached, 4 s (docs/timing.md).
-
-So the guard asks, for every job, whether torch's bytecode would be read or written, and
-when neither, runs the job with `PYTHONPYCACHEPREFIX=<cache>/pycache` (Python's own mirror
-tree for bytecode, outside the install) and without `PYTHONDONTWRITEBYTECODE`: the first job
-compiles and writes, the later ones read. Bytecode is a cache of the sources, checked against
-each source's modification time and size; nothing a job computes changes. A prefix the user
-set is left alone. The fork servers start in the first job's environment, so they and every
-job agree on it (an import-time variable: pipeline/forkserver.py). The Snakemake process does
-the same for the environment all its jobs inherit (`keep_jobs_bytecode`): the statistics and
-report jobs import pandas and matplotlib from the same install, each a process of its own.
+Where torch's install ships no bytecode and none can be written (PYTHONDONTWRITEBYTECODE set,
+or a read-only install), every process compiles torch, Dynamo and Inductor again (12-13 s per
+process on an H100 host). The job then runs with ``PYTHONPYCACHEPREFIX=<cache>/pycache`` and
+without PYTHONDONTWRITEBYTECODE: the first job writes, the later ones read. A prefix the user
+set is left alone; the warm parents start in a guard's environment, so they agree.
 """
 
 from __future__ import annotations
@@ -30,53 +16,30 @@ from pathlib import Path
 
 from workloads.cachedir import cache_dir
 
-# The module whose bytecode stands for the job's imports: the bulk of them, in one install.
-PROBE_MODULE = "torch"
 PREFIX, DONT_WRITE = "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"
 
 
-def bytecode_is_kept(source: Path, environ: MutableMapping[str, str]) -> bool:
-    """Whether an interpreter started with `environ` reads `source`'s bytecode from a cache
-    (present) or can write it there for the next one."""
-    cached = Path(importlib.util.cache_from_source(str(source)))
-    if cached.exists():
-        return True
-    if environ.get(DONT_WRITE):
-        return False
-    folder = cached.parent if cached.parent.exists() else source.parent
-    return os.access(folder, os.W_OK)
-
-
-def probe_source(module: str = PROBE_MODULE) -> Path | None:
-    """The source file of `module` (found, not imported), or None."""
+def keep_bytecode(environ: MutableMapping[str, str], module: str = "torch",
+                  cache: Path | None = None, in_container: bool = False) -> str | None:
+    """Give `environ` a bytecode cache when an interpreter started with it would compile
+    `module` (the bulk of a job's imports) from source; what was done, for the log, or None.
+    Not for jobs `in_container`: the image's packages were compiled when it was built, and a
+    prefix would make its interpreters look for their bytecode there instead."""
+    if in_container:
+        return None
     try:
-        spec = importlib.util.find_spec(module)
+        spec = None if environ.get(PREFIX) else importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
-    origin = spec.origin if spec else None
-    return Path(origin) if origin and origin.endswith(".py") else None
-
-
-def keep_bytecode(environ: MutableMapping[str, str], module: str = PROBE_MODULE,
-                  cache: Path | None = None) -> str | None:
-    """Give the job's environment a bytecode cache when its imports would otherwise be
-    compiled from source in every process; what was done (for the job log), or None."""
-    if environ.get(PREFIX):
+    if spec is None or not (spec.origin or "").endswith(".py"):
         return None
-    source = probe_source(module)
-    if source is None or bytecode_is_kept(source, environ):
+    source = Path(spec.origin)  # type: ignore[arg-type]
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    folder = cached.parent if cached.parent.exists() else source.parent
+    if cached.exists() or (not environ.get(DONT_WRITE) and os.access(folder, os.W_OK)):
         return None
-    prefix = (cache or cache_dir()) / "pycache"
-    why = (f"{DONT_WRITE} is set" if environ.get(DONT_WRITE)
-           else f"{source.parent} is not writable")
-    environ[PREFIX] = str(prefix)
+    why = f"{DONT_WRITE} is set" if environ.get(DONT_WRITE) else f"{source.parent} is not writable"
+    environ[PREFIX] = str((cache or cache_dir()) / "pycache")
     environ.pop(DONT_WRITE, None)
     return (f"{module} has no bytecode and {why}: every process would compile its imports; "
-            f"caching bytecode in {prefix} ({PREFIX})")
-
-
-def keep_jobs_bytecode(environ: MutableMapping[str, str], in_container: bool) -> str | None:
-    """`keep_bytecode` for the environment every job of an invocation inherits, unless the
-    jobs run in the image: its packages were compiled when it was built, and a prefix would
-    make its interpreters look for their bytecode there instead."""
-    return None if in_container else keep_bytecode(environ)
+            f"caching bytecode in {environ[PREFIX]} ({PREFIX})")

@@ -1,109 +1,58 @@
-"""Whole GPUs for the GPU jobs of one machine: which GPUs the host has, and which job holds
-which.
-
-Snakemake's ``gpu`` resource counts whole GPUs: each GPU job declares how many it uses (one,
-or a distributed run's ranks), and the invocation has as many as the host (rules/common.smk
-sets it unless ``--resources gpu=N`` does). Snakemake never starts more GPU demand than that,
-but does not say which GPU a job gets: each GPU job's guard (pipeline/guard.py) takes its
-GPUs here before its command starts and gives the command ``CUDA_VISIBLE_DEVICES``.
-
-The host's GPUs: the entries of ``CUDA_VISIBLE_DEVICES`` when it is set, taken as given (so
-``CUDA_VISIBLE_DEVICES=0,1,2,3`` is a 4-GPU host even on a machine without one: the tests
-check the assignment that way), else NVML's GPUs by UUID (``nvidia-smi -L`` without
-nvidia-ml-py). A host without any has one slot, the CPU (``cpu``): its jobs keep the
-environment's ``CUDA_VISIBLE_DEVICES`` and take turns.
-
-Each GPU has a lock file in a folder of the working directory; a job holds ``flock`` on the
-files of its GPUs from before its command starts until the guard exits. The kernel drops a
-lock when its holder dies, so a killed job frees its GPUs at once. Taking is all or nothing,
-under a short lock on the folder: a job never waits while holding part of what it needs.
+"""Whole GPUs for the GPU jobs of one machine (docs/timing.md, "Whole GPUs per job"): the
+host's GPUs (``CUDA_VISIBLE_DEVICES``' entries when set, so ``0,1,2,3`` is a 4-GPU host even
+without one, else NVML's; without any, one slot, the CPU), and which job holds which: a
+``flock`` per GPU, held until its guard exits (also when killed); taking is all or nothing,
+under a lock on the folder.
 
     python -m pipeline.gpus count    # GPU jobs this host runs side by side (1 without a GPU)
-
-Standard library only (nvidia-ml-py when installed): the guard imports this module.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import fcntl
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 CPU = "cpu"  # the one slot of a host without a GPU
 ENV = "CUDA_VISIBLE_DEVICES"
-# A timing job on GPU p is forked by fork server `slot + FORK_SLOTS_PER_GPU * p` (pipeline/
-# forkserver.py): a server's environment, CUDA_VISIBLE_DEVICES included, is that of its GPU.
-FORK_SLOTS_PER_GPU = 100
 POLL_S = 0.05  # between tries while every fitting set of GPUs is held (a cap above the host's)
-NVIDIA_SMI_UUID = re.compile(r"^GPU \d+:.*\(UUID: (\S+?)\)", re.M)
 
 
 def visible_entries(value: str) -> list[str]:
     """The devices a ``CUDA_VISIBLE_DEVICES`` value names, as CUDA reads it: up to the first
     empty or negative entry (``-1`` and ``""`` hide every GPU)."""
-    entries = []
-    for entry in value.split(","):
-        entry = entry.strip()
-        if not entry or entry.startswith("-"):
-            break
-        entries.append(entry)
-    return entries
+    entries = [entry.strip() for entry in value.split(",")]
+    ends = [i for i, entry in enumerate(entries) if not entry or entry.startswith("-")]
+    return entries[:ends[0] if ends else None]
 
 
 def nvml_gpus() -> list[str]:
-    """The UUIDs of this machine's GPUs, in NVML's order: nvidia-ml-py, else `nvidia-smi -L`,
-    else none."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            uuids = []
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-                uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-            return uuids
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no library, no driver, no device: ask nvidia-smi
-        pass
-    if not shutil.which("nvidia-smi"):
-        return []
+    """The UUIDs of this machine's GPUs, in NVML's order (`nvidia-smi -L`), or none."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
                              check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return NVIDIA_SMI_UUID.findall(out)
+    return re.findall(r"^GPU \d+:.*\(UUID: (\S+?)\)", out, re.M)
 
 
-def host_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries: the environment's
-    CUDA_VISIBLE_DEVICES entries when it is set, else NVML's GPUs (UUIDs)."""
-    environ = os.environ if environ is None else environ
+def slots(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The GPUs the pipeline hands out, as CUDA_VISIBLE_DEVICES entries, or the CPU's one slot
+    where there are none."""
     value = environ.get(ENV)
-    return visible_entries(value) if value is not None else nvml_gpus()
-
-
-def slots(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The host's GPUs, or the CPU's one slot where it has none."""
-    return host_gpus(environ) or [CPU]
+    return (visible_entries(value) if value is not None else nvml_gpus()) or [CPU]
 
 
 def lock_folder(workdir: Path, hostname: str) -> Path:
     """The lock files of one host's GPUs, in Snakemake's folder of the working directory
-    (which jobs in the image see as well; per host, for a working directory that several
-    machines share)."""
+    (which jobs in the image see as well; per host, for a folder several machines share)."""
     return workdir / ".snakemake" / "profbench" / f"gpus-{hostname}"
 
 
@@ -113,118 +62,72 @@ def _file_name(gpu: str) -> str:
 
 @dataclass
 class Held:
-    """GPUs one job holds: their entries, their places among the host's GPUs, the lock
-    files' descriptors (closing them frees the GPUs)."""
+    """GPUs one job holds: entries, places among the host's GPUs, lock files' descriptors."""
 
     gpus: list[str]
     indices: list[int]
     folder: Path
-    waited_s: float
-    fds: list[int] = field(default_factory=list, repr=False)
+    fds: list[int] = field(repr=False)
+    waited_s: float = 0.0
     taken_unix: float = field(default_factory=time.time)  # held from then until released
 
     def env(self) -> dict[str, str]:
-        """The command's CUDA_VISIBLE_DEVICES (none for the CPU slot: the environment's
-        stays, also one that hides the GPUs)."""
+        """The command's CUDA_VISIBLE_DEVICES (for the CPU slot, the environment's stays)."""
         return {} if self.gpus == [CPU] else {ENV: ",".join(self.gpus)}
 
-    def fork_slot(self, slot: int) -> int:
-        """The fork server of timing slot `slot` on this job's GPU."""
-        return slot + FORK_SLOTS_PER_GPU * self.indices[0]
-
     def device_lock(self) -> Path:
-        """The device lock of the job's first GPU (workloads/startgate.py: a capture takes it
-        before its first CUDA call). On the CPU slot every job shares one: there is one
-        device."""
+        """The device lock of the job's first GPU (workloads/devicelock.py)."""
         return self.folder / f"{_file_name(self.gpus[0])}.device"
 
-    def record(self, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def record(self, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         """What the job's result says about its GPUs."""
-        environ = os.environ if environ is None else environ
         return {"gpus": list(self.gpus), "indices": list(self.indices),
                 "cuda_visible_devices": environ.get(ENV), "waited_s": round(self.waited_s, 3),
                 "taken_unix": round(self.taken_unix, 3)}
 
-    def release(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds.clear()
 
-
-@contextlib.contextmanager
-def _choosing(folder: Path) -> Iterator[None]:
-    """The folder's own lock, held while one job picks its GPUs."""
-    fd = os.open(folder / ".choose", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _try_lock(path: Path) -> int | None:
+def _lock(path: Path, wait: bool) -> int | None:
+    """A descriptor holding `path`'s flock, or None if another holds it (and not `wait`)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         os.close(fd)
         return None
     return fd
 
 
-def _note_holder(fd: int, owner: str) -> None:
-    """Who holds the GPU, in its lock file (for a person looking; the lock is the flock)."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
-
-
 def try_take(folder: Path, gpus: list[str], count: int, owner: str = "") -> Held | None:
-    """`count` of `gpus` that no other job holds (the first free ones), or None if there are
-    not that many free now. Nothing is kept on None."""
+    """The first `count` of `gpus` that no other job holds, or None (keeping nothing)."""
     folder.mkdir(parents=True, exist_ok=True)
-    with _choosing(folder):
-        got: list[tuple[int, str, int]] = []
-        for index, gpu in enumerate(gpus):
-            fd = _try_lock(folder / f"{_file_name(gpu)}.lock")
-            if fd is not None:
-                got.append((index, gpu, fd))
-                if len(got) == count:
-                    break
-        if len(got) < count:
-            for _, _, fd in got:
-                os.close(fd)
-            return None
-    for _, _, fd in got:
-        _note_holder(fd, owner)
-    return Held([g for _, g, _ in got], [i for i, _, _ in got], folder, 0.0,
-                [fd for _, _, fd in got])
+    choosing = _lock(folder / ".choose", wait=True)  # one job picks at a time
+    try:
+        got = [(i, gpu, fd) for i, gpu in enumerate(gpus)
+               if (fd := _lock(folder / f"{_file_name(gpu)}.lock", wait=False)) is not None]
+    finally:
+        os.close(choosing)  # type: ignore[arg-type]
+    keep, free = (got[:count], got[count:]) if len(got) >= count else ([], got)
+    for _, _, fd in free:
+        os.close(fd)
+    for _, _, fd in keep:  # who holds it, for a person looking (the lock is the flock)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {owner}\n".encode(), 0)
+    return Held([g for _, g, _ in keep], [i for i, _, _ in keep], folder,
+                [fd for _, _, fd in keep]) if keep else None
 
 
-def take(folder: Path, gpus: list[str], count: int, owner: str = "",
-         poll_s: float = POLL_S) -> Held:
+def take(folder: Path, gpus: list[str], count: int, owner: str = "") -> Held:
     """`count` GPUs of `gpus` (at most all of them), waiting until that many are free. With
     Snakemake's `gpu` at most the host's count they are free at once; a larger cap makes the
     jobs beyond it wait here, never share."""
-    count = max(1, min(count, len(gpus)))
     start = time.monotonic()
-    while True:
-        held = try_take(folder, gpus, count, owner)
-        if held is not None:
-            held.waited_s = time.monotonic() - start
-            return held
-        time.sleep(poll_s)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gpus", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("count", "list"),
-                        help="count: GPU jobs this host runs side by side; list: its GPUs")
-    args = parser.parse_args(argv)
-    found = slots()
-    print(len(found) if args.what == "count" else "\n".join(found))
-    return 0
+    while (held := try_take(folder, gpus, max(1, min(count, len(gpus))), owner)) is None:
+        time.sleep(POLL_S)
+    held.waited_s = time.monotonic() - start
+    return held
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] != ["count"]:
+        sys.exit(f"usage: python -m pipeline.gpus count\n{__doc__}")
+    print(len(slots()))

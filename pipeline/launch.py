@@ -1,40 +1,25 @@
-"""Launch one distributed run: N processes under torchrun, or an `unsupported` result when this
-machine has fewer than N GPUs (CPU: cores) for them.
+"""One distributed run: N ranks under torchrun (docs/distributed.md), or an ``unsupported``
+result (exit 4) when this machine has fewer than N GPUs (CPU: cores) for them. A rank > 0
+that failed on its own (``RESULT.json.rank<r>``) gives the run its status when rank 0 only saw
+the others stop. Standard library only: it starts before torch is imported.
 
     python -m pipeline.launch --ranks N --device {auto,cpu,cuda} --out RESULT.json -- CMD ...
-
-runs ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N --no-python
-CMD ...``: every rank runs CMD (``python -m workloads gpt ... --parallel ddp``, or ``nsys
-profile -o <run>/profile.rank%q{RANK} python -m workloads ...`` for one capture per rank).
-Where the ranks go: ``--device cuda``, or ``auto`` on a machine with a GPU, takes one GPU per
-rank (``LOCAL_RANK``) of those the job holds: on one machine its guard took N whole GPUs
-(pipeline/gpus.py) and set CUDA_VISIBLE_DEVICES to them, on a cluster Slurm did; otherwise
-gloo processes on the CPU, one core each. A machine with
-fewer is a result, not a hang: RESULT.json gets status ``unsupported`` and the exit code is 4.
-
-NCCL keeps NVLink multicast (NVLS) off: the three variables below are set in the ranks'
-environment unless the host already sets them (its value is kept).
-
-After torchrun, a rank > 0 that failed with a status of its own (its ``RESULT.json.rank<r>``,
-workloads/parallel.py) gives the run its status when rank 0 only saw the others stop. Standard
-library only: it starts before torch is imported.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline import gpus
 from workloads.contract import EXIT_CODES
+from workloads.jsonfile import read_whole, write_whole
 
-EXIT_UNSUPPORTED = EXIT_CODES["unsupported"]
 # NVLink SHARP / multicast off for NCCL, torch symmetric memory and NVSHMEM.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
@@ -44,105 +29,38 @@ STOPPED = re.compile(r"terminated by signal|SIGTERM|SIGKILL|Connection closed by
                      r"|Connection reset|Broken pipe|communicator was aborted", re.IGNORECASE)
 
 
-def visible_gpus() -> int:
-    """GPUs CUDA would see: `nvidia-smi -L`'s, limited by CUDA_VISIBLE_DEVICES."""
-    listed = 0
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30, check=False).stdout
-            listed = len(re.findall(r"^GPU \d+", out, re.M))
-        except subprocess.TimeoutExpired:
-            listed = 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return listed
-    entries = [e for e in visible.split(",") if e.strip()]
-    if not entries or entries[0].strip() == "-1":
-        return 0
-    return min(listed, len(entries))
-
-
-def ranks_in(cmd: list[str]) -> int | None:
-    """The --ranks of a ``<python> -m pipeline.launch`` command (the GPUs its job takes), or
-    None for any other command."""
-    if cmd[1:3] != ["-m", "pipeline.launch"]:
-        return None
-    for i, arg in enumerate(cmd[3:], start=3):
-        if arg == "--":
-            break
-        value = cmd[i + 1] if arg == "--ranks" and i + 1 < len(cmd) else (
-            arg.removeprefix("--ranks=") if arg.startswith("--ranks=") else None)
-        if value is not None:
-            return int(value) if value.isdigit() else None  # launch itself rejects it
-    return None
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def placement(device: str, ranks: int) -> tuple[str, str | None]:
-    """(device type, why it cannot run) for `ranks` processes of a run asking for `device`."""
-    gpus = visible_gpus() if device in ("auto", "cuda") else 0
-    if device == "cuda" or (device == "auto" and gpus > 0):
-        if gpus < ranks:
-            return "cuda", f"{ranks} ranks need {ranks} GPUs; this machine has {gpus} visible"
-        return "cuda", None
-    cores = usable_cores()
-    if cores < ranks:
-        return "cpu", (f"{ranks} gloo ranks need {ranks} CPU cores (one each); this machine "
-                       f"has {cores}")
-    return "cpu", None
-
-
-def torchrun_command(ranks: int, cmd: list[str]) -> list[str]:
-    """torchrun on one node, a free rendezvous port of its own (--standalone)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(ranks), "--no-python", *cmd]
-
-
-def launch_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in NCCL_ENV.items():
-        env.setdefault(name, value)
-    return env
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def rank_records(out: Path) -> dict[int, dict[str, Any]]:
-    """The records ranks > 0 wrote next to RESULT.json."""
-    found = {}
-    for path in out.parent.glob(f"{out.name}.rank*"):
-        suffix = path.name.removeprefix(f"{out.name}.rank")
-        record = _read(path) if suffix.isdigit() else None
-        if record is not None:
-            found[int(suffix)] = record
-    return found
+def why_not_here(device: str, ranks: int) -> str | None:
+    """Why `ranks` processes of a run asking for `device` cannot run on this machine, or None.
+    CUDA would see NVML's GPUs, limited by CUDA_VISIBLE_DEVICES."""
+    found = 0
+    if device != "cpu":
+        found, visible = len(gpus.nvml_gpus()), os.environ.get(gpus.ENV)
+        if visible is not None:
+            found = min(found, len(gpus.visible_entries(visible)))
+    if device == "cuda" or found:
+        return None if found >= ranks else (f"{ranks} ranks need {ranks} GPUs; this machine "
+                                            f"has {found} visible")
+    cores = len(os.sched_getaffinity(0))
+    return None if cores >= ranks else (f"{ranks} gloo ranks need {ranks} CPU cores (one "
+                                        f"each); this machine has {cores}")
 
 
 def merge_rank_failures(out: Path) -> dict[str, Any] | None:
-    """Rank 0's record, with the status of the first rank that failed on its own when rank 0
-    did not succeed or only saw the others stop; the rank files are removed."""
-    record = _read(out)
-    others = rank_records(out)
+    """Rank 0's record, with the status of the first rank > 0 that failed on its own when rank
+    0 did not succeed or only saw the others stop; the ranks' files are removed."""
+    record, others = read_whole(out), {}
     for path in out.parent.glob(f"{out.name}.rank*"):
+        suffix = path.name.removeprefix(f"{out.name}.rank")
+        if suffix.isdigit() and (other := read_whole(path)) is not None:
+            others[int(suffix)] = other
         path.unlink(missing_ok=True)
     if record is not None and not only_stopped(record):
         return record  # rank 0 succeeded, or failed on its own
     for rank, other in sorted(others.items()):
-        status, message = other.get("status"), str(other.get("message") or "")
-        if status and status != "ok" and not only_stopped(other):
-            merged = dict(record or other)
-            merged.update(status=status, message=f"rank {rank}: {message}")
-            out.write_text(json.dumps(merged, indent=2) + "\n")
+        if other.get("status") not in (None, "ok") and not only_stopped(other):
+            merged = {**(record or other), "status": other["status"],
+                      "message": f"rank {rank}: {other.get('message') or ''}"}
+            write_whole(out, merged)
             return merged
     return record
 
@@ -150,13 +68,6 @@ def merge_rank_failures(out: Path) -> dict[str, Any] | None:
 def only_stopped(record: dict[str, Any]) -> bool:
     """A failed record that only says the rank was stopped (another rank failed first)."""
     return record.get("status") == "error" and bool(STOPPED.search(str(record.get("message"))))
-
-
-def unsupported(out: Path, why: str) -> int:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"status": "unsupported", "message": why}, indent=2) + "\n")
-    print(f"launch: unsupported: {why}", file=sys.stderr)
-    return EXIT_UNSUPPORTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,12 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd or args.ranks < 1:
         parser.error("need --ranks >= 1 and a command after --")
-    _, why = placement(args.device, args.ranks)
-    if why:
-        return unsupported(args.out, why)
+    if why := why_not_here(args.device, args.ranks):
+        write_whole(args.out, {"status": "unsupported", "message": why})
+        print(f"launch: unsupported: {why}", file=sys.stderr)
+        return EXIT_CODES["unsupported"]
     for path in args.out.parent.glob(f"{args.out.name}.rank*"):
         path.unlink()  # a previous attempt's
-    code = subprocess.call(torchrun_command(args.ranks, cmd), env=launch_env())
+    # torchrun on one node, with a free rendezvous port of its own (--standalone)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(args.ranks), "--no-python", *cmd]
+    code = subprocess.call(torchrun, env={**NCCL_ENV, **os.environ})
     merge_rank_failures(args.out)
     return code
 

@@ -20,12 +20,12 @@ sys.path.insert(0, str(REPO))
 from analysis.reports import REPORTS as NSYS_REPORTS  # noqa: E402
 from pipeline import bytecode as _bytecode  # noqa: E402
 from pipeline import config as _config  # noqa: E402
-from pipeline import failures as _failures  # noqa: E402
-from pipeline import forkserver as _forkserver  # noqa: E402
+from pipeline import outcome as _outcome  # noqa: E402
 from pipeline import gitstate as _gitstate  # noqa: E402
 from pipeline import gpus as _gpus  # noqa: E402
 from pipeline import resources as _resources  # noqa: E402
 from pipeline import tools as _tools  # noqa: E402
+from pipeline import warm as _warm  # noqa: E402
 from workloads.cachedir import cache_dir as _cache_dir  # noqa: E402
 
 
@@ -167,7 +167,7 @@ PYTHON = "python3" if USE_CONTAINER else sys.executable
 # CUDA_VISIBLE_DEVICES set to them. So one-GPU jobs run side by side on different GPUs, and no
 # job ever shares a GPU with another, a timing job above all; a killed job's GPUs are free at
 # once (the kernel drops its locks). A capture also takes its GPU's device lock before its
-# first CUDA call (workloads/startgate.py: it waits until the GPU's memory is back). On a
+# first CUDA call (workloads/devicelock.py: it waits until the GPU's memory is back). On a
 # remote executor (Slurm) the same `gpu` becomes `sbatch --gpus=N` and Slurm assigns the
 # devices: no locks there (docs/cluster.md).
 
@@ -195,7 +195,7 @@ def gpus_at_once() -> int:
     return max(1, min(len(HOST_GPUS), cap if isinstance(cap, int) else len(HOST_GPUS)))
 
 
-# The guard's GPU arguments (rules/profile.smk: GUARD): where the locks are (in Snakemake's
+# The guard's GPU arguments (guard_command): where the locks are (in Snakemake's
 # folder of the working directory, which every job, also one in the image, sees and writes;
 # not in the results, which hold results only) and the GPUs to take them from.
 GPU_LOCKS = _gpus.lock_folder(Path("."), socket.gethostname())
@@ -232,7 +232,7 @@ def timing_threads():
     return threads
 
 
-# The workload's environment, part of the guard's command line (rules/profile.smk: GUARD), so
+# The workload's environment, part of the guard's command line (guard_command), so
 # every GPU job has it:
 # - one CPU thread in its capture and in its timing twin (which holds its GPU's share of the
 #   cores, see timing_threads): the same CPU-side work in both, whatever --cores is;
@@ -244,12 +244,19 @@ def timing_threads():
 # - torch.cuda.is_available() answered through NVML (PYTORCH_NVML_BASED_CUDA_CHECK=1, PyTorch's
 #   switch for forking processes): Inductor and Triton ask it while they are imported, and the
 #   CUDA runtime's answer initializes the driver (cuInit, which starts a driver thread), after
-#   which a fork server must not fork. Same answer, no driver in the parent.
-# The fork servers preload in this environment too (docs/timing.md).
+#   which a warm parent must not fork. Same answer, no driver in the parent.
+# The warm parents preload in this environment too (docs/timing.md).
 WORKLOAD_ENV = " ".join([*(f"{name}=1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")), "TORCH_WARM_POOL=0",
     "PYTORCH_NVML_BASED_CUDA_CHECK=1"])
+
+
+def guard_command(wildcards) -> str:
+    """Every GPU job's guard: in WORKLOAD_ENV, on the whole GPUs it takes for the job where
+    jobs run on this machine (GUARD_GPU_ARGS; job_gpus: one, or a distributed run's ranks)."""
+    gpu_args = f"{GUARD_GPU_ARGS} --gpus {job_gpus(wildcards)}" if GUARD_GPU_ARGS else ""
+    return f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{gpu_args}"
 
 
 def gpu_job_mem_mb(wildcards, attempt) -> int:
@@ -324,28 +331,20 @@ if workflow.is_main_process:  # not again in each job's own Snakemake process
         raise _check_error(e) from None
 
 
-# --- the fork servers (pipeline/forkserver.py, docs/timing.md) --------------------------------
-# With `launcher: fork`, the timing and calibration jobs of this invocation are forked by fork
-# servers: onstart names them in the environment every job inherits; the first job of each
-# timing slot (repeat index) starts its slot's server in the job's own environment (host or
-# image), which then lives as long as this Snakemake process; onsuccess/onerror stop them.
-# Jobs on a remote executor (Slurm) start processes: a server on the submitting machine is
-# not on the job's node.
+# --- the warm parents (pipeline/warm.py, docs/timing.md) --------------------------------------
+# With `launcher: fork`, onstart names this invocation's warm parents (their name carries this
+# Snakemake process's pid: they exit with it) and their log folder in the environment every
+# job inherits, not on the jobs' command lines: Snakemake reruns a job whose command or params
+# changed, and the name is new in every invocation. The first timing or calibration job of
+# each slot (repeat index) and GPU starts its parent in its own environment (host or image).
+# Jobs on a remote executor (Slurm) start processes.
 LAUNCHER = config["launcher"] if workflow.local_exec and workflow.is_main_process else "process"
 
 
-def name_fork_servers():
+def name_warm_parents():
     if LAUNCHER == "fork":
-        os.environ[_forkserver.ENV_NAME] = _forkserver.new_name(os.getpid())
-        os.environ[_forkserver.ENV_OWNER] = str(os.getpid())
-        os.environ[_forkserver.ENV_LOGS] = str(Path(LOGS).resolve())
-
-
-def stop_fork_servers():
-    name = os.environ.pop(_forkserver.ENV_NAME, None)
-    if name:  # each GPU's servers (pipeline/gpus.py: FORK_SLOTS_PER_GPU)
-        _forkserver.stop(name, [slot + _gpus.FORK_SLOTS_PER_GPU * gpu
-                                for gpu in range(len(HOST_GPUS) or 1) for slot in REPEATS or [0]])
+        os.environ[_warm.ENV_NAME] = _warm.new_name(os.getpid())
+        os.environ[_warm.ENV_LOGS] = str(Path(LOGS).resolve())
 
 
 def say_gpus():
@@ -367,27 +366,22 @@ onstart:
         startup_checks()
     except _checks.CheckError as e:
         raise _check_error(e) from None
-    name_fork_servers()
+    name_warm_parents()
     say_gpus()
     # Every job's imports from bytecode where the install keeps none (pipeline/bytecode.py;
     # the guard does the same for each GPU job, this covers the statistics and report jobs).
-    bytecode_note = _bytecode.keep_jobs_bytecode(os.environ, USE_CONTAINER)
+    bytecode_note = _bytecode.keep_bytecode(os.environ, in_container=USE_CONTAINER)
     if bytecode_note:
         print(f"profbench: {bytecode_note}", file=sys.stderr)
 
 
 onsuccess:
-    stop_fork_servers()
     # the runs that did not end ok, said out loud; `fail_on: error` makes them an exit 1
-    block, stop = _failures.end_of_run(Path(RESULTS), config["fail_on"])
+    block, stop = _outcome.end_of_run(Path(RESULTS), config["fail_on"])
     if block:
         print(block, file=sys.stderr)
     if stop:
         raise WorkflowError(stop)
-
-
-onerror:
-    stop_fork_servers()
 
 
 # -- run_stats' captures (rules/analyze.smk) ---------------------------------------------------

@@ -65,7 +65,7 @@ for _n in RANK_COUNTS:
             # pipeline/launch.py in front: the run's ranks, on its device
             launch=lambda wc, output: f"{PYTHON} -m pipeline.launch {PLAN.launch_args(wc.run)}"
             f" --out {output[0]}",
-            guard=GUARD,
+            guard=guard_command,
             python=PYTHON,
         threads: timing_threads()
         resources:
@@ -111,7 +111,7 @@ for _n in RANK_COUNTS:
             workload=lambda wc: workload_args(wc.run),
             launch=lambda wc, output: f"{PYTHON} -m pipeline.launch {PLAN.launch_args(wc.run)}"
             f" --out {output.times}",
-            guard=GUARD,
+            guard=guard_command,
             nsys=NSYS,
             python=PYTHON,
             op_ranges=OP_RANGES_ENV,
@@ -222,7 +222,7 @@ rule calibrate_allreduce:
     wildcard_constraints:
         ranks=r"\d+",
     params:
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
         device=lambda wc: next(
             (RUNS[r].get("device", "auto") for r, n in DISTRIBUTED.items() if n == int(wc.ranks)),

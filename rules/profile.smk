@@ -2,8 +2,8 @@
 # gives the published step time; the nsys capture (rule profile) explains where it goes.
 # Both run under pipeline/guard.py: a crash, an OOM or a timeout becomes the run's result
 # record (status + message) instead of stopping the workflow. Timing and calibration
-# processes are forked by the invocation's fork servers (launcher: fork, pipeline/
-# forkserver.py); a capture starts its own process under nsys.
+# processes are forked by the invocation's warm parents (launcher: fork, pipeline/warm.py);
+# a capture starts its own process under nsys.
 
 
 # The workloads wrap their measured steps in the NVTX range `profiled_region` and, on CUDA, in
@@ -13,10 +13,7 @@ CAPTURE_ARGS = {
     "cudaProfilerApi": "--capture-range=cudaProfilerApi --capture-range-end=stop",
     "none": "",
 }
-# Every GPU job starts its workload through the guard, in WORKLOAD_ENV (one CPU thread, no
-# pre-started compile pool: rules/common.smk), on whole GPUs the guard takes for it where the
-# jobs run on this machine (GUARD_GPU_ARGS: one, or a distributed command's ranks).
-GUARD = f"{WORKLOAD_ENV} {PYTHON} -m pipeline.guard --timeout-s {TIMEOUT_S}{GUARD_GPU_ARGS}"
+# Every GPU job starts its workload through the guard (rules/common.smk: guard_command).
 
 
 localrules:
@@ -58,7 +55,7 @@ rule calibrate:
     benchmark:
         f"{LOGS}/benchmark/calibrate.jsonl"
     params:
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
     resources:
         gpu=1,  # one whole GPU (rules/common.smk)
@@ -67,7 +64,7 @@ rule calibrate:
     container:
         RULE_CONTAINER
     shell:
-        "{params.guard} --fork-slot 0 --out {output} --"
+        "{params.guard} --fork --out {output} --"
         " {params.python} -m workloads calibrate --out {output} > {log} 2>&1"
 
 
@@ -85,7 +82,7 @@ rule time_run:
         f"{LOGS}/benchmark/time_run/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
         repeats=len(REPEATS),
         # each repeat's record: the guard puts the repeat's index in place of {repeat}
@@ -103,11 +100,11 @@ rule time_run:
         # The cores keep other jobs away; the workload itself runs with one CPU thread, as in
         # its capture (Snakemake would set OMP_NUM_THREADS etc. to the job's threads). The
         # guard runs the repeats one after another, each its own process: with `launcher:
-        # fork`, repeat i is forked by fork server i (rules/common.smk), so the repeats of one
-        # run come from different interpreters (each GPU has its own servers). A repeat that
+        # fork`, repeat i is forked by warm parent i (rules/common.smk), so the repeats of one
+        # run come from different interpreters (each GPU has its own parents). A repeat that
         # ends oom, unsupported or timeout ends the run (the later ones are `skipped` records).
         "{params.guard} --run {wildcards.run} --repeats {params.repeats}"
-        " --fork-slot '{{repeat}}' --out {params.out} --"
+        " --fork --out {params.out} --"
         " {params.python} -m workloads {params.workload} --out {params.out} > {log} 2>&1"
 
 
@@ -133,7 +130,7 @@ rule profile:
         f"{LOGS}/benchmark/profile/{{run}}.jsonl"
     params:
         workload=lambda wc: workload_args(wc.run),
-        guard=GUARD,
+        guard=guard_command,
         nsys=NSYS,
         python=PYTHON,
         trace=config["nsys"]["trace"],
@@ -217,7 +214,7 @@ rule profile_memory:
         # the run's command line with one measured step: its warm-up (compilation) as the
         # run's, the capture's steps after it (their times are no result)
         workload=lambda wc: f"{workload_args(wc.run)} --steps 1",
-        guard=GUARD,
+        guard=guard_command,
         python=PYTHON,
     resources:
         gpu=1,

@@ -34,7 +34,7 @@ LEAN_NSYS = {"trace": "cuda,nvtx"}
 # shares its graphs with test_compile_blocks.py's (Inductor's cache): files apart, so that one
 # finds what the other compiled rather than compiling it at the same time.
 FIRST_FILES = ("test_pipeline.py", "test_distributed.py", "test_slurm.py", "test_container.py",
-               "test_resume_anywhere.py", "test_model_workload.py", "test_forkserver.py",
+               "test_resume_anywhere.py", "test_model_workload.py", "test_warm.py",
                "test_compile_blocks.py", "test_resume.py", "test_diff.py", "test_launch.py",
                "test_model_examples.py", "test_workloads.py", "test_config.py",
                "test_model_compile_once.py")

@@ -116,7 +116,7 @@ def test_an_invocations_jobs_get_the_cache_unless_they_run_in_the_image(tmp_path
     for jobs in the image (its own bytecode would be looked for in the prefix instead)."""
     source_only_package(tmp_path / "site", "torch")
     code = ("import json, os, sys; from pipeline import bytecode; env = dict(os.environ); "
-            "note = bytecode.keep_jobs_bytecode(env, sys.argv[1] == 'image'); "
+            "note = bytecode.keep_bytecode(env, in_container=sys.argv[1] == 'image'); "
             "print(json.dumps([note, env.get('PYTHONPYCACHEPREFIX'), "
             "env.get('PYTHONDONTWRITEBYTECODE')]))")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PROFBENCH_CACHE": str(tmp_path),

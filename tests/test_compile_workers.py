@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from workloads.compile_workers import compile_workers, stop_compile_workers
+from workloads.proctree import compile_workers, stop_compile_workers
 
 SLEEP = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 

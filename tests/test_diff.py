@@ -523,7 +523,7 @@ def pipeline_config(step_ms: float) -> dict:
         "calibrate": False,
         "nsys": LEAN_NSYS,
         # six timing processes of a sleep: starting them costs less than starting the three
-        # fork servers, which preload torch and Inductor (tests/test_forkserver.py tests those)
+        # fork servers, which preload torch and Inductor (tests/test_warm.py tests those)
         "launcher": "process",
         "defaults": {"device": "auto", "warmup": 1, "steps": 5, "seed": 0},
         "runs": {

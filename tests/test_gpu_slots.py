@@ -18,8 +18,7 @@ import pytest
 import yaml
 from conftest import REPO, snakemake
 
-from pipeline import gpus
-from pipeline.launch import ranks_in
+from pipeline import gpus, warm
 
 PY = sys.executable
 FOUR = ["0", "1", "2", "3"]
@@ -29,20 +28,11 @@ FOUR = ["0", "1", "2", "3"]
 
 
 def test_host_gpus_are_cuda_visible_devices_entries_as_cuda_reads_them() -> None:
-    assert gpus.host_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == FOUR
-    assert gpus.host_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == ["GPU-aa", "GPU-bb"]
-    assert gpus.host_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == ["2"]  # CUDA stops at -1
-    for hidden in ("-1", "", " "):
-        assert gpus.host_gpus({"CUDA_VISIBLE_DEVICES": hidden}) == []
-        # no GPU: one slot, the CPU
+    assert gpus.slots({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == FOUR
+    assert gpus.slots({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == ["GPU-aa", "GPU-bb"]
+    assert gpus.slots({"CUDA_VISIBLE_DEVICES": "2,-1,3"}) == ["2"]  # CUDA stops at -1
+    for hidden in ("-1", "", " "):  # no GPU: one slot, the CPU
         assert gpus.slots({"CUDA_VISIBLE_DEVICES": hidden}) == [gpus.CPU]
-
-
-def test_a_job_takes_its_launchers_ranks() -> None:
-    assert ranks_in([PY, "-m", "pipeline.launch", "--ranks", "4", "--out", "x", "--",
-                     PY, "-m", "workloads"]) == 4
-    assert ranks_in([PY, "-m", "pipeline.launch", "--ranks=2", "--", "nsys"]) == 2
-    assert ranks_in([PY, "-m", "workloads", "gpt", "--ranks", "4"]) is None  # not a launch
 
 
 # --- taking and freeing GPUs --------------------------------------------------------------------
@@ -56,9 +46,8 @@ def test_jobs_get_distinct_gpus_and_a_job_gets_all_it_needs_or_none(tmp_path: Pa
     last = gpus.try_take(tmp_path, FOUR, 1)
     assert last is not None and last.gpus == ["3"] and last.indices == [3]
     assert last.env() == {"CUDA_VISIBLE_DEVICES": "3"}
-    assert last.fork_slot(1) == 1 + 3 * gpus.FORK_SLOTS_PER_GPU  # its GPU's fork server
-    held[0].release()
-    held[2].release()
+    for fd in held[0].fds + held[2].fds:  # as when their guards exit
+        os.close(fd)
     pair = gpus.try_take(tmp_path, FOUR, 2)
     assert pair is not None and pair.gpus == ["0", "2"]
     assert pair.env() == {"CUDA_VISIBLE_DEVICES": "0,2"}
@@ -198,7 +187,7 @@ def test_timing_jobs_are_forked_by_their_gpus_fork_servers(four_gpu_run: Path) -
     for run in TIMED:
         record = records[run]
         assert record["process"]["launcher"] == "fork"  # the server's env is its GPU's
-        server = gpus.FORK_SLOTS_PER_GPU * record["assigned_gpus"]["indices"][0]
+        server = warm.SLOTS_PER_GPU * record["assigned_gpus"]["indices"][0]
         log = (four_gpu_run / "logs" / "time_run" / f"{run}.log").read_text()
         assert f"forked by fork server {server} " in log, log[-2000:]
 

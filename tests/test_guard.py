@@ -139,10 +139,10 @@ def test_damaged_export_is_an_error_naming_it(tmp_path: Path, damage: str) -> No
     if damage == "truncated":
         data = NSYS_EXPORT.read_bytes()
         sqlite.write_bytes(data[: len(data) // 2])
-        expected = "profile.sqlite is truncated"
+        expected = "profile.sqlite: not a readable SQLite database (database disk"
     elif damage == "not_sqlite":
         sqlite.write_text("Generating SQLite file ...\n")
-        expected = "profile.sqlite is not an SQLite database"
+        expected = "profile.sqlite: not a readable SQLite database (file is not a database)"
     elif damage == "not_nsys":
         with sqlite3.connect(sqlite) as con:
             con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
@@ -290,40 +290,9 @@ def test_signal_during_a_later_repeat_leaves_that_repeat_without_result(tmp_path
 LINGER_S = 1.5
 
 
-def test_next_repeat_starts_while_one_exits_and_builds_after_it_ended(tmp_path: Path) -> None:
-    """A workload's repeat i+1 is started once repeat i has written its record, and waits at
-    its start gate: it builds nothing until the guard has reaped repeat i."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        f"import atexit, time\natexit.register(time.sleep, {LINGER_S})\n")
-    out = tmp_path / "r{repeat}.json"
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
-    done = subprocess.run(
-        [PY, "-m", "pipeline.guard", "--out", str(out), "--repeats", "3", "--run", "cell",
-         "--", PY, "-m", "workloads", "sleep", "--step_ms", "1", "--warmup", "1", "--steps",
-         "2", "--device", "cpu", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    records = [result(tmp_path / f"r{i}.json") for i in range(3)]
-    assert [r["status"] for r in records] == ["ok"] * 3, done.stderr
-    assert "launched" not in records[0]["guard_unix"]  # the first has nothing to wait for
-    assert done.stderr.count("started while the previous repeat exits") == 2, done.stderr
-    for before, after in zip(records, records[1:], strict=False):
-        ended = before["guard_unix"]["ended"]
-        marks = after["process"]["timeline_unix"]
-        assert after["guard_unix"]["launched"] < ended - LINGER_S / 2  # started early
-        assert after["guard_unix"]["started"] >= ended  # its share begins where i's ended
-        assert marks["gate"] >= ended and marks["built"] >= marks["gate"]
-        assert after["process"]["gate_wait_s"] >= 0
-        assert after["process"]["pid"] != before["process"]["pid"]
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["r0.json", "r1.json", "r2.json"]
-    assert not list(tmp_path.glob(".*")), "a gate or a partial record was left"
-
-
 def test_a_repeat_that_ends_the_run_starts_no_next_one(tmp_path: Path) -> None:
-    """A record that ends the run (unsupported: cuDNN attention on the CPU) starts no early
-    repeat: the later one is a skipped record, and no process ran for it."""
+    """A record that ends the run (unsupported: cuDNN attention on the CPU): the later repeat
+    is a skipped record, and no process ran for it."""
     out = tmp_path / "r{repeat}.json"
     done = guard(out, PY, "-m", "workloads", "attention_core", "--batch", "1", "--heads", "2",
                  "--seq", "16", "--head_dim", "8", "--sdpa_backend", "cudnn", "--device", "cpu",
@@ -333,8 +302,7 @@ def test_a_repeat_that_ends_the_run_starts_no_next_one(tmp_path: Path) -> None:
     assert first["status"] == "unsupported", first
     assert second["status"] == "skipped" and "guard_unix" not in second
     assert done.stdout.count("attention_core: unsupported") == 1, done.stdout
-    assert "started while the previous repeat exits" not in done.stderr
-    assert not list(tmp_path.glob(".*")), "a gate was left"
+    assert "repeat 1 of 2" not in done.stderr  # no process started for it
 
 
 def test_captures_started_together_take_turns_at_the_device_lock(tmp_path: Path) -> None:
@@ -371,8 +339,7 @@ def test_captures_started_together_take_turns_at_the_device_lock(tmp_path: Path)
 @pytest.mark.parametrize(("opts", "says"), [
     (("--repeats", "2"), "--repeats needs {repeat} in --out"),
     (("--repeats", "0"), "--repeats must be at least 1"),
-    (("--fork-slot", "{repeat}"), "{repeat} is only replaced with --repeats"),
-    (("--fork-slot", "x"), "--fork-slot must be a number"),
+    (("--", "echo", "{repeat}"), "{repeat} is only replaced with --repeats"),
 ])
 def test_repeat_usage_errors_name_the_option(tmp_path: Path, opts: tuple[str, ...],
                                              says: str) -> None:

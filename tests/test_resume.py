@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, SMOKE_CONFIG, private_tmpdir, snakemake
 
-from pipeline.guard import check_nsys_export
+from pipeline.verdict import check_nsys_export
 
 pytestmark = pytest.mark.slow
 

@@ -30,9 +30,16 @@ from typing import Any
 
 import torch
 
-from workloads import calibrate, flops, memory_capture, models, parallel, process_state, startgate
+from workloads import (
+    calibrate,
+    devicelock,
+    flops,
+    memory_capture,
+    models,
+    parallel,
+    process_state,
+)
 from workloads.attention import SDPA_BACKENDS
-from workloads.compile_workers import stop_compile_workers
 from workloads.contract import EXIT_CODES
 from workloads.cpuprobe import probe_ms
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
@@ -41,6 +48,7 @@ from workloads.graphs import CUDA_GRAPH_MODES, capture_step, check_capturable
 from workloads.jsonfile import write_whole
 from workloads.nvtx_ranges import rng
 from workloads.op_ranges import OP_RANGES
+from workloads.proctree import stop_compile_workers
 from workloads.provenance import provenance
 from workloads.runner import Measurement, run_steps
 from workloads.status import classify
@@ -122,12 +130,8 @@ def run_from_command_line(argv: list[str] | None) -> int:
         if distributed:
             run = parallel.start(args, device)
             record.result["distributed"] = run.describe()
-        # a repeat started while the previous one exits: its context now, the rest after
-        gate_wait = startgate.pass_gate(device, record.result["process"])
-        if gate_wait is not None:
-            record.result["process"]["gate_wait_s"] = gate_wait
         # a capture started beside the one on the GPU: the GPU once that one has exited
-        lock_wait = startgate.hold_device(device, record.result["process"])
+        lock_wait = devicelock.hold_device(device, record.result["process"])
         if lock_wait is not None:
             record.result["process"]["device_wait_s"] = lock_wait
         configure_precision(args.dtype)

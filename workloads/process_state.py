@@ -1,17 +1,6 @@
-"""The ``process`` section of a result record: what this workload process started from.
-
-A timing repeat is one process, forked by the pipeline's fork server or started as a new
-interpreter (``launcher``); repeats must share no state that a measurement depends on. The
-section records, at the start of ``main`` (before any device work), what would carry over if
-they did: whether CUDA (context, caching allocator, cuBLAS/cuDNN handles and their autotune
-caches) already exists, what the allocator holds, how much Dynamo and Inductor have already
-compiled in memory, and draws from the RNGs a fresh interpreter seeds from the OS; then, after
-the build, a draw from torch's generator as the workload's own seeding left it.
-tests/test_forkserver.py compares these between repeats and launchers.
-
-Reading it changes nothing the workload uses: no CUDA call, no module import, draws only
-from RNGs the workloads never use (Python's ``random``, numpy's global generator) or from a
-copy of torch's generator state.
+"""The ``process`` section of a result record: what this workload process started from,
+read before any device work and changing nothing the workload uses (docs/timing.md, "What
+repeats share"); tests/test_warm.py compares it between repeats and launchers.
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workloads.contract import INSTALL_KEYS, LAUNCHER_ENV
+from workloads.contract import LAUNCHER_ENV
 
 
 def at_start() -> dict[str, Any]:
@@ -40,38 +29,32 @@ def at_start() -> dict[str, Any]:
         # server's): tells repeats from different interpreters apart
         "str_hash": hash("profbench"),
         "cuda_initialized": torch.cuda.is_initialized(),
-        "cuda_memory": _cuda_memory(),
+        # the caching allocator's bytes, only if CUDA already exists (reading would create it)
+        "cuda_memory": {"allocated": torch.cuda.memory_allocated(),
+                        "reserved": torch.cuda.memory_reserved()}
+        if torch.cuda.is_initialized() else None,
         "inductor_code_cache_modules": _inductor_modules(),
         "dynamo_frame_counts": _dynamo_frame_counts(),
-        # Inductor's install keys already computed in this process (by its fork server:
-        # hashes of the installed torch and Triton sources, constants of the install)
-        "install_keys_cached": _install_keys_cached(),
         "python_random_draw": random.random(),
         "numpy_random_draw": None if numpy is None else float(numpy.random.random()),
         "torch_initial_seed": torch.initial_seed(),
-        "torch_rng_digest": _digest(torch.default_generator.get_state()),
-        # where this interpreter keeps its imports' bytecode (pipeline/bytecode.py)
-        "pycache_prefix": sys.pycache_prefix,
-        "dont_write_bytecode": bool(sys.flags.dont_write_bytecode),
+        "torch_rng_digest": hashlib.sha256(bytes(
+            torch.default_generator.get_state().tolist())).hexdigest()[:16],
     }
 
 
-def started_unix() -> float | None:
+def started_unix() -> float:
     """When this process began (a forked child: its fork), Unix time to ~10 ms, from its
-    age in /proc (start ticks against the system's uptime); None where there is no /proc."""
-    try:
-        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        start_ticks = int(after_name[19])  # field 22, starttime (the name is field 2)
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    age in /proc (start ticks against the system's uptime)."""
+    after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    start_ticks = int(after_name[19])  # field 22, starttime (the name is field 2)
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
     return round(time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK")), 3)
 
 
 def mark(section: dict[str, Any], moment: str) -> None:
-    """Note when this process reached ``moment`` (Unix time) in the section's timeline:
-    started, main, built, measured, written (benchmarks/job_overhead.py turns the marks and
-    the guard's into where a job's seconds went)."""
+    """Note when this process reached ``moment`` (Unix time) in the section's timeline
+    (benchmarks/job_overhead.py turns the marks into where a job's seconds went)."""
     now = round(time.time(), 3)
     if "timeline_unix" not in section:  # the first mark: when the process began, once
         section["timeline_unix"] = {"started": started_unix()}
@@ -86,38 +69,6 @@ def after_build() -> dict[str, Any]:
     return {"torch_draw_after_build": float(torch.rand(1, generator=generator))}
 
 
-def _install_keys_cached() -> list[str]:
-    """Which of INSTALL_KEYS hold a value already (read from their cache, never computed):
-    functools' caches by their size, torch's prefetchable cache by its cell."""
-    cached = []
-    for key in INSTALL_KEYS:
-        module, name = key.rsplit(".", 1)
-        fn = getattr(sys.modules.get(module), name, None)
-        if fn is not None and _holds_value(fn):
-            cached.append(key)
-    return cached
-
-
-def _holds_value(fn: Any) -> bool:
-    info = getattr(fn, "cache_info", None)
-    if info is not None:
-        return info().currsize > 0
-    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False))
-    try:
-        value = cells["_cache"].cell_contents
-    except (KeyError, ValueError):
-        return False
-    return type(value) is not object  # its "nothing yet" sentinel is a bare object()
-
-
-def _cuda_memory() -> dict[str, int] | None:
-    """The caching allocator's bytes before the workload: read only if CUDA already exists
-    (reading it would otherwise create the context); None when it does not."""
-    if not torch.cuda.is_initialized():
-        return None
-    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
-
-
 def _inductor_modules() -> int:
     """Modules in Inductor's in-memory code cache (0 when Inductor was never imported)."""
     codecache = sys.modules.get("torch._inductor.codecache")
@@ -128,13 +79,8 @@ def _inductor_modules() -> int:
 
 
 def _dynamo_frame_counts() -> int:
-    """Dynamo's frame counters (frames seen, compiled) in this process: 0 when it has compiled
-    nothing (or was never imported)."""
+    """Dynamo's frame counters (frames seen, compiled): 0 when it has compiled nothing."""
     utils = sys.modules.get("torch._dynamo.utils")
     if utils is None:
         return 0
     return sum(utils.counters["frames"].values())
-
-
-def _digest(state: torch.Tensor) -> str:
-    return hashlib.sha256(bytes(state.tolist())).hexdigest()[:16]

@@ -1,7 +1,7 @@
-"""The fork server (pipeline/forkserver.py) with real servers, real forks, real signals and a
-real Snakemake run: repeats share no allocator, compile-cache or RNG state; the guard's
-timeout and signal semantics hold through the server; without a usable server, jobs start
-processes."""
+"""The warm parents (pipeline/warm.py) with real parents, real forks, real signals and a real
+Snakemake run: repeats share no allocator, compile-cache or RNG state; the guard's timeout and
+signal semantics hold through a parent; a dying guard or parent leaves no process behind;
+without a usable parent, jobs start processes."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing import connection
 from pathlib import Path
 
 import pytest
 from conftest import snakemake
 
-from pipeline import forkserver
+from pipeline import warm
 from workloads.proctree import alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,9 +29,9 @@ ONE_THREAD = {name: "1" for name in (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 # The servers of the tests of their lifecycle (not of what they preload: the pipeline runs
-# below, tests/test_forkserver_preload.py) preload what a tiny train step imports, not Inductor
+# below, tests/test_warm_preload.py) preload what a tiny train step imports, not Inductor
 # too: each start, and the first one's probe, cost two thirds of the whole list's.
-LEAN = {forkserver.ENV_PRELOAD: "torch,workloads.__main__"}
+LEAN = {warm.ENV_PRELOAD: "torch,workloads.__main__"}
 TINY_TRAIN = ["gpt", "--size", "tiny", "--mode", "train", "--context", "32", "--batch", "2",
               "--device", "cpu"]
 # Two runs x two repeats, timing only: enough to compare repeats of one run (different
@@ -87,8 +88,13 @@ def run_leak_config(tmp_path: Path, launcher: str) -> dict[tuple[str, int], dict
     LEAK_RESULTS[launcher] = workdir / "results/leak"
     for record in records.values():
         assert record["status"] == "ok", record["message"]
-    if launcher == "fork":  # the servers were stopped with the invocation
-        pids = server_pids(workdir / "results/leak/logs")
+    if launcher == "fork":  # the parents exited with the invocation
+        logs = workdir / "results/leak/logs"
+        # what a child does inherit: the install's cache keys its parent computed (Triton's
+        # own key only where Triton is installed: not on a CPU-only torch)
+        for log in logs.glob("forkserver.s*.log"):
+            assert all(f'"{key}": "computed"' in log.read_text() for key in warm.INSTALL_KEYS[:2])
+        pids = server_pids(logs)
         assert len(pids) == len(REPEATS)
         assert all(wait_gone(pid) for pid in pids)
     return records
@@ -128,13 +134,6 @@ def test_nothing_compiled_or_allocated_before_the_workload(leak_records, launche
         assert p["cuda_initialized"] is False and p["cuda_memory"] is None
         assert p["inductor_code_cache_modules"] == 0
         assert p["dynamo_frame_counts"] == 0
-        # what a child does inherit: the install's cache keys its server computed
-        # (Triton's own key only where Triton is installed: not on a CPU-only torch)
-        cached = set(p["install_keys_cached"])
-        if launcher == "fork":
-            assert set(forkserver.INSTALL_KEYS[:2]) <= cached <= set(forkserver.INSTALL_KEYS)
-        else:
-            assert cached == set()
 
 
 def test_unseeded_generators_are_reseeded_and_seeded_ones_start_from_the_seed(
@@ -321,22 +320,26 @@ def load_benchmark():  # noqa: ANN201 - a module loaded from a path
 # --- the guard through a server ----------------------------------------------------------------
 
 
+def owned_env(owner: int, logs: Path) -> dict[str, str]:
+    """The environment the pipeline gives its jobs, naming warm parents that live as long as
+    `owner` (the first guard of a slot starts its parent)."""
+    return {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO),
+            warm.ENV_NAME: warm.new_name(owner), warm.ENV_LOGS: str(logs)}
+
+
 @pytest.fixture(scope="module")
 def server_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment the pipeline gives its jobs, naming a server slot 0 of our own (the
-    first guard starts it; stopped at the end)."""
-    logs = tmp_path_factory.mktemp("forkserver-logs")
-    name = forkserver.new_name(os.getpid())
-    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO),
-           forkserver.ENV_NAME: name, forkserver.ENV_OWNER: str(os.getpid()),
-           forkserver.ENV_LOGS: str(logs)}
-    yield env
-    forkserver.stop(name, [0])
+    """Slot 0's parent for the module's tests; it exits once its owner is gone."""
+    logs = tmp_path_factory.mktemp("warm-logs")
+    owner = subprocess.Popen(["sleep", "3600"])
+    yield owned_env(owner.pid, logs)
+    owner.kill()
+    owner.wait()
     assert all(wait_gone(pid) for pid in server_pids(logs))
 
 
 def guard_cmd(out: Path, workload: list[str], *opts: str) -> list[str]:
-    return [PY, "-m", "pipeline.guard", "--out", str(out), "--fork-slot", "0", *opts, "--",
+    return [PY, "-m", "pipeline.guard", "--out", str(out), "--fork", *opts, "--",
             PY, "-m", "workloads", *workload, "--out", str(out)]
 
 
@@ -413,6 +416,23 @@ def test_guard_that_dies_takes_its_forked_child_along(server_env, tmp_path: Path
     assert wait_gone(pid)
 
 
+def test_parent_that_dies_takes_its_child_along(server_env, tmp_path: Path) -> None:
+    """Killed while its child runs, the parent can report no exit status: the guard stops the
+    child's group and the run is an error saying why."""
+    server = ready_server(server_env, tmp_path)
+    out = tmp_path / "r.json"
+    guard = subprocess.Popen(guard_cmd(out, endless()), cwd=REPO, env=server_env,
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert guard.stderr is not None
+    pid = forked_pid(guard.stderr.readline())
+    os.kill(server, signal.SIGKILL)
+    guard.stderr.read()
+    assert guard.wait(timeout=60) == 0
+    assert wait_gone(pid)
+    result = json.loads(out.read_text())
+    assert result["status"] == "error" and "warm parent went away" in result["message"]
+
+
 def test_job_whose_environment_differs_gets_a_process(server_env, tmp_path: Path) -> None:
     ready_server(server_env, tmp_path)
     out = tmp_path / "r.json"
@@ -425,15 +445,14 @@ def test_job_whose_environment_differs_gets_a_process(server_env, tmp_path: Path
     assert result["status"] == "ok" and result["process"]["launcher"] == "process"
 
 
-def test_bad_request_is_refused_and_the_server_serves_on(server_env, tmp_path: Path) -> None:
+def test_bad_request_is_dropped_and_the_server_serves_on(server_env, tmp_path: Path) -> None:
     server = ready_server(server_env, tmp_path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(forkserver.address(server_env[forkserver.ENV_NAME], 0))
-    with sock:
-        reader = forkserver.Reader(sock)
-        assert reader.read(time.monotonic() + 60)["hello"]["pid"] == server
-        sock.sendall(b'{"op": "spawn", "argv": []}\n')  # no environment, no fds
-        assert "request failed: KeyError" in reader.read(time.monotonic() + 60)["refuse"]
+    with connection.Client(warm.address(server_env[warm.ENV_NAME], 0), family="AF_UNIX") as conn:
+        conn.send({"argv": []})  # no environment, no folder
+        for _ in range(2):
+            connection.reduction.send_handle(conn, 0, server)
+        with pytest.raises(EOFError):
+            conn.recv()
     assert ready_server(server_env, tmp_path) == server
 
 
@@ -449,9 +468,9 @@ def test_memory_limited_run_gets_a_process(server_env, tmp_path: Path) -> None:
 def test_server_that_dies_before_answering_means_a_process(tmp_path: Path) -> None:
     """Something holds the slot's address but closes every connection (a server that
     crashed while starting): the run starts as a process."""
-    name = forkserver.new_name(os.getpid())
+    name = warm.new_name(os.getpid())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(forkserver.address(name, 0))
+    listener.bind(warm.address(name, 0))
     listener.listen()
 
     def close_each() -> None:
@@ -463,14 +482,14 @@ def test_server_that_dies_before_answering_means_a_process(tmp_path: Path) -> No
             conn.close()
 
     threading.Thread(target=close_each, daemon=True).start()
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO), forkserver.ENV_NAME: name}
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(REPO), warm.ENV_NAME: name}
     out = tmp_path / "r.json"
     try:
         done = run_guard(env, out, [*TINY_TRAIN, "--warmup", "0", "--steps", "1"])
     finally:
         listener.close()
     assert done.returncode == 0, done.stderr
-    assert ("guard: not forked (fork server closed the connection before it was ready); "
+    assert ("guard: not forked (fork server 0 closed the connection before forking); "
             "starting a process") in done.stderr
     assert json.loads(out.read_text())["process"]["launcher"] == "process"
 
@@ -479,9 +498,7 @@ def test_killed_server_is_replaced_and_one_without_owner_exits(tmp_path: Path) -
     """A server whose process died: the next job starts a new one. A server whose owner
     (the Snakemake process) is gone exits by itself."""
     owner = subprocess.Popen(["sleep", "600"])
-    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO),
-           forkserver.ENV_NAME: forkserver.new_name(owner.pid),
-           forkserver.ENV_OWNER: str(owner.pid), forkserver.ENV_LOGS: str(tmp_path)}
+    env = owned_env(owner.pid, tmp_path)
     try:
         first = ready_server(env, tmp_path)
         os.kill(first, signal.SIGKILL)
@@ -495,50 +512,13 @@ def test_killed_server_is_replaced_and_one_without_owner_exits(tmp_path: Path) -
     assert "owner" in (tmp_path / "forkserver.s0.log").read_text()
 
 
-def process_start_unix(pid: int) -> float:
-    """When a process started (unix time, to the kernel's clock tick)."""
-    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def test_a_runs_servers_start_together_before_its_first_repeat(tmp_path: Path) -> None:
-    """A run's job starts the servers of all its repeats at once and waits for them: the
-    second server was started before the first repeat, not after it."""
-    name = forkserver.new_name(os.getpid())
-    env = {**os.environ, **ONE_THREAD, **LEAN, "PYTHONPATH": str(REPO), forkserver.ENV_NAME: name,
-           forkserver.ENV_OWNER: str(os.getpid()), forkserver.ENV_LOGS: str(tmp_path)}
-    out = tmp_path / "r{repeat}.json"
-    cmd = [PY, "-m", "pipeline.guard", "--repeats", "2", "--fork-slot", "{repeat}",
-           "--out", str(out), "--", PY, "-m", "workloads", *TINY_TRAIN, "--warmup", "0",
-           "--steps", "1", "--out", str(out)]
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert done.returncode == 0, done.stderr
-        assert "guard: started fork servers 0, 1 together" in done.stderr
-        first, second = (json.loads((tmp_path / f"r{i}.json").read_text())["process"]
-                         for i in (0, 1))
-        assert first["launcher"] == second["launcher"] == "fork"
-        assert process_start_unix(second["parent_pid"]) < first["timeline_unix"]["started"]
-        # the next job of the invocation finds them running and starts none
-        again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                               timeout=300, check=False)
-        assert again.returncode == 0, again.stderr
-        assert "started fork servers" not in again.stderr
-    finally:
-        forkserver.stop(name, [0, 1])
-    assert all(wait_gone(pid) for pid in server_pids(tmp_path))
-
-
 def test_only_workload_commands_of_this_interpreter_are_forked() -> None:
-    assert forkserver.workload_argv([PY, "-m", "workloads", "gpt"]) == ["gpt"]
+    assert warm.workload_argv([PY, "-m", "workloads", "gpt"]) == ["gpt"]
     for cmd, why in [
         (["env", "nsys", "profile", PY, "-m", "workloads", "gpt"], "not `python -m workloads"),
         ([PY, "-m", "analysis", "x"], "not `python -m workloads"),
         (["/no/such/python", "-m", "workloads", "gpt"], "is not the guard's interpreter"),
         ([PY, "-m", "workloads", "gpt", "--memory-limit-mb=100"], "caps the address space"),
     ]:
-        with pytest.raises(forkserver.Unavailable, match=why):
-            forkserver.workload_argv(cmd)
+        with pytest.raises(warm.Unavailable, match=why):
+            warm.workload_argv(cmd)
