@@ -105,6 +105,18 @@ def result(
     }
 
 
+def said(row: dict[str, Any]) -> dict[str, Any]:
+    """Print a batch's row as soon as it is known (a search can take many minutes)."""
+    peak = row.get("peak_memory_bytes")
+    print(
+        f"batch {row['batch']}: {row['status']}"
+        + (f", peak {peak / 2**30:.2f} GiB" if peak else "")
+        + (f", {row['median_ms']:.2f} ms" if row.get("median_ms") else ""),
+        flush=True,
+    )
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -127,19 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the workload's command line takes no --batch or --out (the search sets them)")
     if args.bound < 1 or args.start < 1:
         p.error("--bound and --start must be >= 1")
-    found = search(lambda b: probe(command, b, args.timeout_s), args.bound, args.start)
+    found = search(lambda b: said(probe(command, b, args.timeout_s)), args.bound, args.start)
     found["command"] = shlex.join(command)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(found, indent=2) + "\n")
-    for row in found["tried"]:
-        peak = row.get("peak_memory_bytes")
-        print(
-            f"batch {row['batch']}: {row['status']}"
-            + (f", peak {peak / 2**30:.2f} GiB" if peak else "")
-            + (f", {row['median_ms']:.2f} ms" if row.get("median_ms") else ""),
-            flush=True,
-        )
     print(f"largest batch that fits: {found['batch']} (limited by {found['limited_by']})")
     return 0 if found["batch"] is not None else 1
 
