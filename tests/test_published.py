@@ -1,6 +1,6 @@
 """published/ in its shape: one folder per system (system.json, history.csv, README), one
 folder per config, each one run at one commit with a README whose command reproduces it; at
-most 20 MB; and the README's headline numbers read from one folder."""
+most 24 MB; and the README's headline numbers read from one folder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from conftest import REPO
 PUBLISHED = REPO / "published"
 SYSTEMS = sorted(p for p in PUBLISHED.iterdir() if p.is_dir())
 CONFIGS = sorted(p.parent for p in PUBLISHED.glob("*/*/summary.csv"))
-MAX_BYTES = 20_000_000
+MAX_BYTES = 24_000_000  # the systems' folders, every capture left out
 HEADLINE = PUBLISHED / "h100" / "standard"
 
 
