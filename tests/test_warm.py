@@ -385,14 +385,19 @@ def test_forked_run_that_hangs_is_killed_and_is_a_timeout(server_env, tmp_path: 
     assert not alive(pid)
 
 
+def guard_of_endless_child(out: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """A guard whose forked child runs until stopped, and the child's pid once it runs."""
+    guard = subprocess.Popen(guard_cmd(out, endless()), cwd=REPO, env=env,
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert guard.stderr is not None
+    return guard, forked_pid(guard.stderr.readline())
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_guard_stops_the_forked_child(server_env, tmp_path: Path, signum: int) -> None:
     server = ready_server(server_env, tmp_path)
     out = tmp_path / "r.json"
-    guard = subprocess.Popen(guard_cmd(out, endless()), cwd=REPO, env=server_env,
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert guard.stderr is not None
-    pid = forked_pid(guard.stderr.readline())
+    guard, pid = guard_of_endless_child(out, server_env)
     time.sleep(0.5)
     guard.send_signal(signum)
     guard.stderr.read()
@@ -406,11 +411,7 @@ def test_guard_that_dies_takes_its_forked_child_along(server_env, tmp_path: Path
     """SIGKILL leaves the guard no time to forward anything: the server sees its connection
     end and kills the child's group."""
     ready_server(server_env, tmp_path)
-    guard = subprocess.Popen(guard_cmd(tmp_path / "r.json", endless()), cwd=REPO,
-                             env=server_env, stderr=subprocess.PIPE,
-                             stdout=subprocess.DEVNULL, text=True)
-    assert guard.stderr is not None
-    pid = forked_pid(guard.stderr.readline())
+    guard, pid = guard_of_endless_child(tmp_path / "r.json", server_env)
     guard.kill()
     guard.wait()
     assert wait_gone(pid)
@@ -421,10 +422,7 @@ def test_parent_that_dies_takes_its_child_along(server_env, tmp_path: Path) -> N
     child's group and the run is an error saying why."""
     server = ready_server(server_env, tmp_path)
     out = tmp_path / "r.json"
-    guard = subprocess.Popen(guard_cmd(out, endless()), cwd=REPO, env=server_env,
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert guard.stderr is not None
-    pid = forked_pid(guard.stderr.readline())
+    guard, pid = guard_of_endless_child(out, server_env)
     os.kill(server, signal.SIGKILL)
     guard.stderr.read()
     assert guard.wait(timeout=60) == 0
