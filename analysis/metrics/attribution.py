@@ -110,15 +110,27 @@ def common_path(paths: list[str]) -> str:
     return max(sorted(set(paths)), key=paths.count)
 
 
-def site_path(site: CallSite, structure: Structure | None = None) -> str:
+def site_path(site: CallSite, structure: Structure | None = None,
+              traced: str | None = None) -> str:
     """The module path of a call site ("" for none). Inside a nested compile region's call
-    (a layer compiled once) only the paths in a layer count: Inductor also hands the
-    region's kernels traces of the outer graph's nodes (the final norm's gradient, the LM
-    head's), which would pull them out of the layer."""
+    (a layer compiled once) only the paths in the layer the region was traced in
+    (``traced``; any layer without it) count: Inductor also hands the region's kernels
+    traces of the outer graph's nodes (the final norm's gradient, the LM head's, in backward
+    the last layer's), which would pull them out of the layer."""
     paths = site_paths(site)
     if site.region_call >= 0 and structure is not None:
         paths = [p for p in paths if structure.layer_of(p)] or paths
+        if traced is not None:
+            paths = [p for p in paths if structure.layer_of(p) == traced] or paths
     return common_path(paths)
+
+
+def traced_layer(graph: CompiledGraph, structure: Structure) -> str | None:
+    """The layer a graph's nested compile region was traced in: the layer its sites' traces
+    name most (None without a region)."""
+    layers = Counter(structure.layer_of(p) for s in graph.sites if s.region_call >= 0
+                     for p in site_paths(s) if structure.layer_of(p))
+    return str(layers.most_common(1)[0][0]) if layers else None
 
 
 def places_of(graphs: list[CompiledGraph], structure: Structure | None = None
@@ -127,8 +139,9 @@ def places_of(graphs: list[CompiledGraph], structure: Structure | None = None
     structure = structure or Structure("", "")
     out = []
     for graph in graphs:
-        paths = _per_region_call([site_path(s, structure) for s in graph.sites], graph,
-                                 structure)
+        traced = traced_layer(graph, structure)
+        paths = _per_region_call([site_path(s, structure, traced) for s in graph.sites],
+                                 graph, structure)
         out.append([Place(p, structure.layer_of(p) if p else None,
                           structure.sublayer_of(p) if p else None) for p in paths])
     return out
