@@ -13,6 +13,12 @@ cd "$(dirname "$0")/../.."
 before=$(realpath "${1:-before}"); config=$(realpath "${2:-benchmarks/gpu/process_machinery.yaml}")
 out=$(realpath -m "${OUT:-results/process_machinery}")
 mkdir -p "$out"
+# Snakemake from the GPU kit's wheels where the machine has none (as scripts/run-on-host.sh)
+if ! python3 -c 'import snakemake' 2>/dev/null && [ -d gpu-kit/wheelhouse ]; then
+  python3 -m pip install -q --no-index --find-links gpu-kit/wheelhouse \
+    --target /tmp/profbench-packages 'snakemake[reports]==9.27.1' 2>&1 | grep -v WARN | tail -2
+  export PYTHONPATH=/tmp/profbench-packages${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/profbench-packages/bin:$PATH
+fi
 sides=()
 for side in before after; do
   tree=$([ "$side" = before ] && echo "$before" || pwd)
