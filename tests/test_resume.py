@@ -29,6 +29,8 @@ START_TIMEOUT_S = 600
 SELECT = "select=[attention_*]"
 SELECTED = r"attention_"
 FIRST_RUN = "attention_naive"
+# the capture both signals come in: the unsupported run's capture may come and go first
+CAPTURED_RUN = "attention_sdpa"
 
 
 def _group_commands(pgid: int) -> list[str]:
@@ -49,8 +51,9 @@ def _group_commands(pgid: int) -> list[str]:
     return found
 
 
-def _profiling_now(pgid: int) -> bool:
-    return any(" profile " in cmd and "nsys" in cmd for cmd in _group_commands(pgid))
+def _profiling_now(pgid: int, run: str = CAPTURED_RUN) -> bool:
+    return any(" profile " in cmd and "nsys" in cmd and f"{run}/profile" in cmd
+               for cmd in _group_commands(pgid))
 
 
 def _marked_incomplete(workdir: Path, path: Path) -> bool:

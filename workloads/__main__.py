@@ -121,10 +121,12 @@ def run_from_command_line(argv: list[str] | None) -> int:
     if distributed:
         device = parallel.rank_device(device)
         args.out = parallel.rank_out(args.out)
-    memory_limited = apply_memory_limit(args.memory_limit_mb, device)
     # A timeout's SIGTERM becomes an exception, so the JSON (status error) is still written.
     signal.signal(signal.SIGTERM, _terminated)
-    record = Record(args, device, memory_limited)
+    record = Record(args, device, memory_limited=False)
+    # The limit after the record's own bookkeeping (provenance reads package metadata): only
+    # the workload runs under it, so an `oom` record keeps its params and provenance.
+    record.result["memory_limit_applied"] = apply_memory_limit(args.memory_limit_mb, device)
     run = None
     try:
         if distributed:
