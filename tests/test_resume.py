@@ -51,9 +51,10 @@ def _group_commands(pgid: int) -> list[str]:
     return found
 
 
-def _profiling_now(pgid: int, run: str = CAPTURED_RUN) -> bool:
-    return any(" profile " in cmd and "nsys" in cmd and f"{run}/profile" in cmd
-               for cmd in _group_commands(pgid))
+def _profiling_now(workdir: Path, run: str = CAPTURED_RUN) -> bool:
+    """The run's capture job is running: Snakemake has marked its outputs incomplete (the
+    nsys process itself runs in the guard's process group of its own)."""
+    return _marked_incomplete(workdir, workdir / RESULTS / run / "times.json")
 
 
 def _marked_incomplete(workdir: Path, path: Path) -> bool:
@@ -103,7 +104,7 @@ def _interrupt_during_a_capture(workdir: Path, signum: int) -> dict[str, int]:
     results = workdir / RESULTS
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while not (_finished_runs(workdir) and _profiling_now(proc.pid)):
+        while not (_finished_runs(workdir) and _profiling_now(workdir)):
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "no profile job seen running"
             time.sleep(0.2)
