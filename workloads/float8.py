@@ -128,11 +128,12 @@ def output_layer(model: Any) -> str | None:
     return last
 
 
-def convert(model: Any, speed: Any, device: Any) -> dict[str, Any] | None:
+def convert(model: Any, speed: Any, device: Any, compile_blocks: str) -> dict[str, Any] | None:
     """Swap the qualifying Linear layers of ``model`` (in place) for torchao's Float8Linear with
-    the recipe ``speed.float8`` (workloads.steps.Speed); before the optimizer, DDP/FSDP and
-    compile see the model. Returns the record's ``float8`` entry (None for ``none``); raises
-    Unsupported with the reason when the run cannot train in FP8."""
+    the recipe ``speed.float8`` (workloads.steps.Speed) under the run's ``compile_blocks``;
+    before the optimizer, DDP/FSDP and compile see the model. Returns the record's ``float8``
+    entry (None for ``none``); raises Unsupported with the reason when the run cannot train in
+    FP8."""
     from workloads.status import Unsupported
 
     recipe = speed.float8
@@ -143,7 +144,7 @@ def convert(model: Any, speed: Any, device: Any) -> dict[str, Any] | None:
         import torch
 
         gpu = (torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
-    reason = refusal(recipe, device.type, speed.compile_mode, gpu, speed.compile_blocks)
+    reason = refusal(recipe, device.type, speed.compile_mode, gpu, compile_blocks)
     if reason is not None:
         raise Unsupported(reason)
     return swap_linears(model, recipe)

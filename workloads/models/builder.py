@@ -110,7 +110,8 @@ def build_step(settings: StepSettings, run: Any, make_parts: Callable[[], ModelP
     params_count = _count(model)
     counted = counted_flops() if counted_flops is not None else count_step_flops(
         model, inputs, targets, parts.loss, settings.mode, run.dtype, device)
-    float8 = fp8.convert(model, speed, device)  # before the hooks, checkpointing and compile
+    # before the hooks, checkpointing and compile; compile_blocks as this builder reads it
+    float8 = fp8.convert(model, speed, device, settings.compile_blocks)
     depth = module_depth(model, structure, settings.module_depth)
     ranges = None  # after the counted step: its ranges would stay open
     if depth and os.environ.get(CAPTURE_ENV) == "1":
