@@ -1,11 +1,12 @@
 """The report's one visual vocabulary: colors, status marks, units, figure size, saving.
 
 Every figure in analysis/outputs/figures.py draws with these, so a category, a phase or a
-failure looks the same in all of them.
+failure looks the same in all of them; every figure is written by :func:`save`.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.metrics.categories import CATEGORIES  # noqa: E402
+from analysis.outputs.png import compact  # noqa: E402
 
 # -- size: ~10 in at 120 dpi is 1200 px, the width of the HTML report's figure column ----
 WIDTH_IN = 10.0
@@ -287,10 +289,15 @@ def bar_rows_height(rows: int, extra: float = 1.4) -> float:
 
 def save(fig: Figure, path: Path, description: str | None = None) -> Path:
     """Write a PNG and close the figure (figures are many; pyplot keeps them otherwise);
-    ``description`` goes into the PNG's Description text chunk."""
+    ``description`` goes into the PNG's Description text chunk. The PNG is a 256-colour
+    palette image (analysis/outputs/png.py): a third of matplotlib's RGBA bytes, which
+    published folders and the overview's embedded figures carry."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, metadata={"Description": description} if description else None)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI,
+                metadata={"Description": description} if description else None)
     plt.close(fig)
+    path.write_bytes(compact(buffer.getvalue()))
     return path
 
 
