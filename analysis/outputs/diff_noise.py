@@ -1,4 +1,5 @@
-"""The verdict of ``analysis diff`` for one run: ``slower``, ``faster`` or ``within noise``.
+"""The verdict of ``analysis diff`` for one run: ``slower``, ``faster``, ``within noise`` or
+``inconclusive``.
 
 A run is timed by a few processes (2-3 by default) of a few steps each. Its 95% CI (the
 hierarchical bootstrap of :mod:`analysis.metrics.timing`) covers step-to-step noise well but
@@ -34,13 +35,16 @@ themselves:
    relative CI half-width (``process_gap``: the fastest NEW process's median over the
    slowest OLD one's, minus 1), with at least two processes a side; faster the reverse.
 
-Measured on the two published runs of the standard config on one H100 (90 A/A pairs of
-three processes each), the verdict is false once (1.1%: a host-bound step whose processes
-follow the host's speed); on the same records with every NEW step made 10% / 20% slower it
-reads slower in 53 / 66 of 90, and in 49 of 49 / 60 of 61 of the runs whose processes spread
-by less than half the change (docs/diff.md, benchmarks/diff_error_rates.py).
+When neither rule calls the pair changed, the answer depends on what the pair could have
+seen. **within noise**: its noise floor is the threshold, so a change larger than the
+threshold would have cleared it. **inconclusive**: the floor is above the threshold (the
+processes spread, or the steps scatter, too much for three processes to show a change of the
+threshold's size); :func:`processes_needed` estimates the timing processes a side would need
+(``timing: {repeats: N}``) to bring the floor down to the threshold.
 
-Anything else is ``within noise``: not "unchanged", but not shown to have changed.
+Measured on the two published runs of the standard config on one H100 (90 A/A pairs of
+three processes each) and on repeated CPU pipeline runs with known delays: docs/diff.md
+("Its error rates, measured"), benchmarks/diff_error_rates.py.
 """
 
 from __future__ import annotations
@@ -50,8 +54,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
-VERDICTS = (SLOWER, FASTER, WITHIN_NOISE)
+SLOWER, FASTER, WITHIN_NOISE, INCONCLUSIVE = (
+    "slower", "faster", "within noise", "inconclusive")
+VERDICTS = (SLOWER, FASTER, WITHIN_NOISE, INCONCLUSIVE)
+# processes_needed looks no further: past this many, the steps themselves are too noisy.
+MAX_PROCESSES = 100
 NOISE_CONFIDENCE = 0.99
 # Student's t, two-sided 99% (the 0.995 quantile), by degrees of freedom.
 T_995 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055,
@@ -147,10 +154,40 @@ def gap_rule(old: Side, new: Side, threshold: float) -> int:
     return 0
 
 
+def judgeable(old: Side, new: Side, threshold: float) -> bool:
+    """Whether the pair can show a change of the threshold's size: its noise floor is the
+    threshold (no side's step or process noise is larger)."""
+    return noise_floor(old, new, threshold) <= threshold
+
+
+def side_processes_needed(side: Side, threshold: float) -> int | None:
+    """The timing processes this side needs for its noise terms to fall to ``threshold``:
+    its process noise, ``t(0.995, N-1) * sd / sqrt(N)`` with the sd its processes show now,
+    and its CI half-width, taken to narrow as ``1 / sqrt(N)``. Its own count when already
+    there; None past :data:`MAX_PROCESSES`."""
+    n = len(side.process_medians_ms)
+    sd_rel = statistics.stdev(side.process_medians_ms) / side.median_ms if n > 1 else 0.0
+    for count in range(max(n, 1), MAX_PROCESSES + 1):
+        process = t_quantile_995(count - 1) * sd_rel / math.sqrt(count) if count > 1 else 0.0
+        if max(process, side.ci_half_width_rel * math.sqrt(max(n, 1) / count)) <= threshold:
+            return count
+    return None
+
+
+def processes_needed(old: Side, new: Side, threshold: float) -> int | None:
+    """Timing processes per side (``timing: {repeats: N}``) for the pair to be
+    :func:`judgeable`, the larger of the two sides' needs; None past
+    :data:`MAX_PROCESSES`."""
+    needs = [side_processes_needed(s, threshold) for s in (old, new)]
+    return None if None in needs else max(n for n in needs if n is not None)
+
+
 def verdict(old: Side, new: Side, threshold: float) -> str:
     """``slower`` when :func:`floor_rule` or :func:`gap_rule` says so, ``faster`` likewise
-    (they never disagree: each needs the two sides apart), else ``within noise``.
-    ``threshold`` is a fraction (0.05 for 5%). Pure: the same numbers always give the same
-    verdict."""
+    (they never disagree: each needs the two sides apart); else ``within noise`` when the
+    pair is :func:`judgeable`, ``inconclusive`` when it is not. ``threshold`` is a fraction
+    (0.05 for 5%). Pure: the same numbers always give the same verdict."""
     direction = floor_rule(old, new, threshold) or gap_rule(old, new, threshold)
-    return {1: SLOWER, -1: FASTER}.get(direction, WITHIN_NOISE)
+    if direction:
+        return SLOWER if direction > 0 else FASTER
+    return WITHIN_NOISE if judgeable(old, new, threshold) else INCONCLUSIVE
