@@ -30,10 +30,14 @@ processes spread by 4% has a floor near 18%, and a +17% step (every new process 
 every old one) read ``within noise``. So a second way to a verdict looks at the processes
 themselves:
 
-3. **the processes separate by more than the threshold** (``gap_rule``): every process of
-   NEW is slower than every process of OLD by more than the threshold and either side's
-   relative CI half-width (``process_gap``: the fastest NEW process's median over the
-   slowest OLD one's, minus 1), with at least two processes a side; faster the reverse.
+3. **the processes separate by more than the threshold and their own spread**
+   (``gap_rule``): every process of NEW is slower than every process of OLD (``process_gap``:
+   the fastest NEW process's median over the slowest OLD one's, minus 1) by more than the
+   threshold, either side's relative CI half-width and either side's *process spread* (its
+   slowest process's median over its fastest one's, minus 1), with at least two processes a
+   side; faster the reverse. The spread term is what keeps a change of the host out: a side
+   whose own processes differ by 26% (a host-bound step following the host CPU's speed, a
+   CPU run sharing its cores) cannot vouch that a 24% gap to the other side is the code's.
 
 When neither rule calls the pair changed, the answer depends on what the pair could have
 seen. **within noise**: its noise floor is the threshold, so a change larger than the
@@ -144,12 +148,19 @@ def floor_rule(old: Side, new: Side, threshold: float) -> int:
     return 0
 
 
+def process_spread(side: Side) -> float:
+    """The side's slowest process median over its fastest, minus 1 (0 with one process)."""
+    medians = side.process_medians_ms
+    return max(medians) / min(medians) - 1 if medians and min(medians) > 0 else 0.0
+
+
 def gap_rule(old: Side, new: Side, threshold: float) -> int:
     """Rule 3: +1 (slower) when every NEW process is slower than every OLD one by more than
-    the threshold and the step noise (either side's relative CI half-width), -1 (faster)
-    the reverse, else 0."""
+    the threshold, the step noise (either side's relative CI half-width) and either side's
+    :func:`process_spread`, -1 (faster) the reverse, else 0."""
     gap = process_gap(old, new)
-    if abs(gap) > max(threshold, old.ci_half_width_rel, new.ci_half_width_rel):
+    if abs(gap) > max(threshold, old.ci_half_width_rel, new.ci_half_width_rel,
+                      process_spread(old), process_spread(new)):
         return 1 if gap > 0 else -1
     return 0
 
