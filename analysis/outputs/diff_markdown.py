@@ -134,7 +134,8 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             f"the largest of the threshold ({threshold:.0%}), either side's relative CI "
             "half-width and either side's process noise (99% Student-t half-width over its "
             "per-process medians); or when every process of one side is slower than every "
-            "process of the other by more than the threshold (`process_gap_pct` in runs.csv); "
+            "process of the other by more than the threshold, the CI half-widths and either "
+            "side's own process spread (`process_gap_pct` in runs.csv); "
             "otherwise `within noise` (not shown to have changed, and a change above the "
             "threshold would have cleared the floor) or `inconclusive` (the floor is above the "
             "threshold: the run cannot show a change of the threshold's size).")
@@ -147,15 +148,17 @@ def _inconclusive_md(both: pd.DataFrame, threshold: float) -> list[str]:
     runs = both[both["verdict"] == INCONCLUSIVE]
     if runs.empty:
         return []
-    needed = runs["processes_needed"]
-    known = needed.dropna()
-    most = (f"`timing: {{repeats: {int(known.max())}}}`" if len(known) == len(needed)
-            else f"more than {MAX_PROCESSES} timing processes for some (their steps scatter "
-            "too much: more steps)")
+    known = runs["processes_needed"].dropna()
+    said = []
+    if len(known):
+        said.append(f"both sides rerun with `timing: {{repeats: {int(known.max())}}}` would "
+                    f"judge {len(known)} of them (`processes_needed` per run in runs.csv)")
+    if len(known) < len(runs):
+        said.append(f"{len(runs) - len(known)} would need more than {MAX_PROCESSES} "
+                    "processes (their steps scatter: more steps per process)")
     return [f"**{len(runs)} inconclusive**: their processes spread (or their steps scatter) "
-            f"too much to show a {threshold:.0%} change; rerun both sides with {most} "
-            "(`processes_needed` per run in runs.csv), or compare at a larger `--threshold`.",
-            ""]
+            f"too much to show a {threshold:.0%} change; " + "; ".join(said) + ". Or "
+            "compare at a larger `--threshold`.", ""]
 
 
 def _ci_ms(ms: float, low: float, high: float) -> str:
