@@ -562,6 +562,53 @@ def test_published_real_change_is_caught() -> None:
     assert row["params_changed"] == "head_dim: 64->128"
 
 
+# --- real CPU runs, the same config twice and with known delays ---------------------------------
+# A subset of benchmarks/diff_cpu_runs.py's folders (tests/fixtures/diff-cpu): three untraced
+# timing processes per run, on a 2-core machine shared with other work. The sleep runs (10 and
+# 40 ms steps) are quiet and their delays exact; the MLP runs train a small model on the CPU,
+# and the others' load moved their processes' step times by up to twice.
+CPU_RUNS = REPO / "tests" / "fixtures" / "diff-cpu"
+SLEEP_RUNS = ["sleep_10", "sleep_40"]
+MLP_RUNS = ["mlp_128", "mlp_768"]
+
+
+def cpu_diff(old: str, new: str, out: Path) -> pd.DataFrame:
+    diff.write_diff(CPU_RUNS / old, CPU_RUNS / new, out)
+    return pd.read_csv(out / "runs.csv").set_index("run")
+
+
+def test_cpu_runs_a_a_pairs_are_not_changed(tmp_path: Path) -> None:
+    """The same config run twice, both ways: no run slower or faster. The quiet sleep runs are
+    within noise (their floor is the 5% threshold); the MLP runs, whose processes the
+    machine's other work spread, are not judged: inconclusive, floor above 5%."""
+    for old, new in (("aa1", "aa2"), ("aa2", "aa1")):
+        runs = cpu_diff(old, new, tmp_path / f"{old}-{new}")
+        assert (runs.loc[SLEEP_RUNS, "verdict"] == "within noise").all()
+        assert (runs.loc[SLEEP_RUNS, "noise_floor_pct"] == diff.DEFAULT_THRESHOLD_PCT).all()
+        mlp = runs.loc[MLP_RUNS]
+        assert (mlp["verdict"] == "inconclusive").all()
+        assert (mlp["noise_floor_pct"] > diff.DEFAULT_THRESHOLD_PCT).all()
+        assert (mlp["processes_needed"].fillna(MAX_PROCESSES + 1) > 3).all()
+
+
+def test_cpu_runs_known_delays_are_slower(tmp_path: Path) -> None:
+    """Each A/A folder against the runs whose steps take 10% and 20% longer: every sleep run
+    slower by that much; no MLP run is called faster. Through the command line CI calls:
+    exit 1 with --fail-on-slower 5, the sleep runs among those named."""
+    for delayed, pct in (("d10", 10), ("d20", 20)):
+        for base in ("aa1", "aa2"):
+            runs = cpu_diff(base, delayed, tmp_path / f"{base}-{delayed}")
+            sleep = runs.loc[SLEEP_RUNS]
+            assert (sleep["verdict"] == "slower").all()
+            assert sleep["change_pct"].between(pct - 1, pct + 1).all()
+            assert not (runs.loc[MLP_RUNS, "verdict"] == "faster").any()
+    done = cli(CPU_RUNS / "aa1", CPU_RUNS / "d10", "-o", tmp_path / "cli",
+               "--fail-on-slower", 5)
+    assert done.returncode == 1, done.stderr
+    named = done.stderr.strip().splitlines()[-1].removeprefix("slower by more than 5%: ")
+    assert set(SLEEP_RUNS) <= set(named.split(", ")), done.stderr
+
+
 # --- acceptance: two real pipeline runs with one change ----------------------------------------
 # The sleep workload makes the change certain: every step of `step` sleeps 80 ms on the old
 # side and 10 ms on the new one (the new side's steps would have to wake up 70 ms late to
