@@ -26,8 +26,8 @@ regression detection needs a step to clear the noise estimate):
      floor is the other terms, and the diff says a traced side is indicative only).
 
 That floor cannot see a real change on three processes: with t = 9.9, a side whose
-processes spread by 4% has a floor near 18%, and a +17% step (every new process slower than
-every old one) read ``within noise``. So a second way to a verdict looks at the processes
+processes spread by 6% has a floor near 18%, which a +17% step (every new process slower
+than every old one) does not clear. So a second way to a verdict looks at the processes
 themselves:
 
 3. **the processes separate by more than the threshold and their own spread**
