@@ -177,6 +177,8 @@ def side_processes_needed(side: Side, threshold: float) -> int | None:
     and its CI half-width, taken to narrow as ``1 / sqrt(N)``. Its own count when already
     there; None past :data:`MAX_PROCESSES`."""
     n = len(side.process_medians_ms)
+    if not side.median_ms > 0:
+        return None
     sd_rel = statistics.stdev(side.process_medians_ms) / side.median_ms if n > 1 else 0.0
     for count in range(max(n, 1), MAX_PROCESSES + 1):
         process = t_quantile_995(count - 1) * sd_rel / math.sqrt(count) if count > 1 else 0.0
