@@ -12,8 +12,11 @@ in several sub-folders of one side is one run whose processes are pooled (docs/d
 Step times come from the untraced timing processes; a side without them falls back to its
 traced ``times.json`` (``*_timing_source: traced``, indicative only). The ratio ``old / new``
 and its CI are :func:`analysis.metrics.timing.speedup`'s; the verdict is ``slower`` /
-``faster`` only when the two sides' CIs separate AND the change exceeds the run's noise floor
-(:mod:`analysis.outputs.diff_noise`), else ``within noise``.
+``faster`` only when the two sides' CIs separate AND the change exceeds the run's noise floor,
+or every process of one side is slower than every one of the other by more than the threshold
+and either side's own spread (:mod:`analysis.outputs.diff_noise`); else ``within noise`` when
+the run could have shown a change of the threshold's size, ``inconclusive`` (with the timing
+processes that would judge it) when it could not.
 
 Exit status: 0; 1 only with ``--fail-on-slower PCT`` and a run ``slower`` by more than PCT
 percent; 2 on unusable input (not a results folder, no summary.csv, no run in common), with a

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS
+from analysis.outputs.diff_noise import FASTER, INCONCLUSIVE, MAX_PROCESSES, SLOWER, VERDICTS
 from analysis.outputs.diff_verdicts import STEP_KINDS, Diff, Explanation
 from analysis.outputs.runs import OK
 
@@ -123,7 +123,8 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             f"`{r.run}`", _ci_ms(r.old_ms, r.old_ci_low_ms, r.old_ci_high_ms),
             _ci_ms(r.new_ms, r.new_ci_low_ms, r.new_ci_high_ms), _pct(r.change_pct),
             f"{r.speedup:.3f} [{r.speedup_ci_low:.3f}, {r.speedup_ci_high:.3f}]",
-            f"{r.noise_floor_pct:.0f}%", _verdict_md(r.verdict), _peak_md(r),
+            f"{r.noise_floor_pct:.0f}%", _verdict_md(r.verdict, r.processes_needed),
+            _peak_md(r),
             _cell(r.params_changed or "", 40),
         ])
     header = ["run", "old ms [95% CI]", "new ms [95% CI]", "change", "old/new [95% CI]",
@@ -133,16 +134,43 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             f"the largest of the threshold ({threshold:.0%}), either side's relative CI "
             "half-width and either side's process noise (99% Student-t half-width over its "
             "per-process medians); or when every process of one side is slower than every "
-            "process of the other by more than the threshold (`process_gap_pct` in runs.csv); "
-            "otherwise `within noise` (not shown to have changed).")
-    return ["### Step time per run", "", *_table(header, rows), "", note, ""]
+            "process of the other by more than the threshold, the CI half-widths and either "
+            "side's own process spread (`process_gap_pct` in runs.csv); "
+            "otherwise `within noise` (not shown to have changed, and a change above the "
+            "threshold would have cleared the floor) or `inconclusive` (the floor is above the "
+            "threshold: the run cannot show a change of the threshold's size).")
+    return ["### Step time per run", "", *_table(header, rows), "", note, "",
+            *_inconclusive_md(both, threshold)]
+
+
+def _inconclusive_md(both: pd.DataFrame, threshold: float) -> list[str]:
+    """What would make the inconclusive runs judgeable: more timing processes."""
+    runs = both[both["verdict"] == INCONCLUSIVE]
+    if runs.empty:
+        return []
+    known = runs["processes_needed"].dropna()
+    said = []
+    if len(known):
+        said.append(f"both sides rerun with `timing: {{repeats: {int(known.max())}}}` would "
+                    f"judge {len(known)} of them (`processes_needed` per run in runs.csv)")
+    if len(known) < len(runs):
+        said.append(f"{len(runs) - len(known)} would need more than {MAX_PROCESSES} "
+                    "processes (their steps scatter: more steps per process)")
+    return [f"**{len(runs)} inconclusive**: their processes spread (or their steps scatter) "
+            f"too much to show a {threshold:.0%} change; " + "; ".join(said) + ". Or "
+            "compare at a larger `--threshold`.", ""]
 
 
 def _ci_ms(ms: float, low: float, high: float) -> str:
     return f"{_ms(ms)} [{_ms(low)}, {_ms(high)}]"
 
 
-def _verdict_md(verdict: str) -> str:
+def _verdict_md(verdict: str, processes_needed: float | None = None) -> str:
+    """The verdict's cell; an inconclusive run's says how many processes would judge it."""
+    if verdict == INCONCLUSIVE:
+        needs = (f"{int(processes_needed)} processes" if pd.notna(processes_needed)
+                 else f"> {MAX_PROCESSES} processes")
+        return f"inconclusive (needs {needs})"
     return {SLOWER: "**slower**", FASTER: "**faster**"}.get(verdict, verdict)
 
 

@@ -1,4 +1,5 @@
-"""The verdict of ``analysis diff`` for one run: ``slower``, ``faster`` or ``within noise``.
+"""The verdict of ``analysis diff`` for one run: ``slower``, ``faster``, ``within noise`` or
+``inconclusive``.
 
 A run is timed by a few processes (2-3 by default) of a few steps each. Its 95% CI (the
 hierarchical bootstrap of :mod:`analysis.metrics.timing`) covers step-to-step noise well but
@@ -25,22 +26,29 @@ regression detection needs a step to clear the noise estimate):
      floor is the other terms, and the diff says a traced side is indicative only).
 
 That floor cannot see a real change on three processes: with t = 9.9, a side whose
-processes spread by 4% has a floor near 18%, and a +17% step (every new process slower than
-every old one) read ``within noise``. So a second way to a verdict looks at the processes
+processes spread by 6% has a floor near 18%, which a +17% step (every new process slower
+than every old one) does not clear. So a second way to a verdict looks at the processes
 themselves:
 
-3. **the processes separate by more than the threshold** (``gap_rule``): every process of
-   NEW is slower than every process of OLD by more than the threshold and either side's
-   relative CI half-width (``process_gap``: the fastest NEW process's median over the
-   slowest OLD one's, minus 1), with at least two processes a side; faster the reverse.
+3. **the processes separate by more than the threshold and their own spread**
+   (``gap_rule``): every process of NEW is slower than every process of OLD (``process_gap``:
+   the fastest NEW process's median over the slowest OLD one's, minus 1) by more than the
+   threshold, either side's relative CI half-width and either side's *process spread* (its
+   slowest process's median over its fastest one's, minus 1), with at least two processes a
+   side; faster the reverse. The spread term is what keeps a change of the host out: a side
+   whose own processes differ by 26% (a host-bound step following the host CPU's speed, a
+   CPU run sharing its cores) cannot vouch that a 24% gap to the other side is the code's.
+
+When neither rule calls the pair changed, the answer depends on what the pair could have
+seen. **within noise**: its noise floor is the threshold, so a change larger than the
+threshold would have cleared it. **inconclusive**: the floor is above the threshold (the
+processes spread, or the steps scatter, too much for three processes to show a change of the
+threshold's size); :func:`processes_needed` estimates the timing processes a side would need
+(``timing: {repeats: N}``) to bring the floor down to the threshold.
 
 Measured on the two published runs of the standard config on one H100 (90 A/A pairs of
-three processes each), the verdict is false once (1.1%: a host-bound step whose processes
-follow the host's speed); on the same records with every NEW step made 10% / 20% slower it
-reads slower in 53 / 66 of 90, and in 49 of 49 / 60 of 61 of the runs whose processes spread
-by less than half the change (docs/diff.md, benchmarks/diff_error_rates.py).
-
-Anything else is ``within noise``: not "unchanged", but not shown to have changed.
+three processes each) and on repeated CPU pipeline runs with known delays: docs/diff.md
+("Its error rates, measured"), benchmarks/diff_error_rates.py.
 """
 
 from __future__ import annotations
@@ -50,8 +58,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-SLOWER, FASTER, WITHIN_NOISE = "slower", "faster", "within noise"
-VERDICTS = (SLOWER, FASTER, WITHIN_NOISE)
+SLOWER, FASTER, WITHIN_NOISE, INCONCLUSIVE = (
+    "slower", "faster", "within noise", "inconclusive")
+VERDICTS = (SLOWER, FASTER, WITHIN_NOISE, INCONCLUSIVE)
+# processes_needed looks no further: past this many, the steps themselves are too noisy.
+MAX_PROCESSES = 100
 NOISE_CONFIDENCE = 0.99
 # Student's t, two-sided 99% (the 0.995 quantile), by degrees of freedom.
 T_995 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055,
@@ -137,20 +148,59 @@ def floor_rule(old: Side, new: Side, threshold: float) -> int:
     return 0
 
 
+def process_spread(side: Side) -> float:
+    """The side's slowest process median over its fastest, minus 1 (0 with one process)."""
+    medians = side.process_medians_ms
+    return max(medians) / min(medians) - 1 if medians and min(medians) > 0 else 0.0
+
+
 def gap_rule(old: Side, new: Side, threshold: float) -> int:
     """Rule 3: +1 (slower) when every NEW process is slower than every OLD one by more than
-    the threshold and the step noise (either side's relative CI half-width), -1 (faster)
-    the reverse, else 0."""
+    the threshold, the step noise (either side's relative CI half-width) and either side's
+    :func:`process_spread`, -1 (faster) the reverse, else 0."""
     gap = process_gap(old, new)
-    if abs(gap) > max(threshold, old.ci_half_width_rel, new.ci_half_width_rel):
+    if abs(gap) > max(threshold, old.ci_half_width_rel, new.ci_half_width_rel,
+                      process_spread(old), process_spread(new)):
         return 1 if gap > 0 else -1
     return 0
 
 
+def judgeable(old: Side, new: Side, threshold: float) -> bool:
+    """Whether the pair can show a change of the threshold's size: its noise floor is the
+    threshold (no side's step or process noise is larger)."""
+    return noise_floor(old, new, threshold) <= threshold
+
+
+def side_processes_needed(side: Side, threshold: float) -> int | None:
+    """The timing processes this side needs for its noise terms to fall to ``threshold``:
+    its process noise, ``t(0.995, N-1) * sd / sqrt(N)`` with the sd its processes show now,
+    and its CI half-width, taken to narrow as ``1 / sqrt(N)``. Its own count when already
+    there; None past :data:`MAX_PROCESSES`."""
+    n = len(side.process_medians_ms)
+    if not side.median_ms > 0:
+        return None
+    sd_rel = statistics.stdev(side.process_medians_ms) / side.median_ms if n > 1 else 0.0
+    for count in range(max(n, 1), MAX_PROCESSES + 1):
+        process = t_quantile_995(count - 1) * sd_rel / math.sqrt(count) if count > 1 else 0.0
+        if max(process, side.ci_half_width_rel * math.sqrt(max(n, 1) / count)) <= threshold:
+            return count
+    return None
+
+
+def processes_needed(old: Side, new: Side, threshold: float) -> int | None:
+    """Timing processes per side (``timing: {repeats: N}``) for the pair to be
+    :func:`judgeable`, the larger of the two sides' needs; None past
+    :data:`MAX_PROCESSES`."""
+    needs = [side_processes_needed(s, threshold) for s in (old, new)]
+    return None if None in needs else max(n for n in needs if n is not None)
+
+
 def verdict(old: Side, new: Side, threshold: float) -> str:
     """``slower`` when :func:`floor_rule` or :func:`gap_rule` says so, ``faster`` likewise
-    (they never disagree: each needs the two sides apart), else ``within noise``.
-    ``threshold`` is a fraction (0.05 for 5%). Pure: the same numbers always give the same
-    verdict."""
+    (they never disagree: each needs the two sides apart); else ``within noise`` when the
+    pair is :func:`judgeable`, ``inconclusive`` when it is not. ``threshold`` is a fraction
+    (0.05 for 5%). Pure: the same numbers always give the same verdict."""
     direction = floor_rule(old, new, threshold) or gap_rule(old, new, threshold)
-    return {1: SLOWER, -1: FASTER}.get(direction, WITHIN_NOISE)
+    if direction:
+        return SLOWER if direction > 0 else FASTER
+    return WITHIN_NOISE if judgeable(old, new, threshold) else INCONCLUSIVE

@@ -12,12 +12,12 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
 from analysis.outputs import style
-from analysis.outputs.diff_noise import FASTER, SLOWER, VERDICTS, WITHIN_NOISE
+from analysis.outputs.diff_noise import FASTER, INCONCLUSIVE, SLOWER, VERDICTS, WITHIN_NOISE
 
 TITLE = "Step time, old vs new, per run"
 X_LABEL = "old / new step time, with its 95% CI (> 1: new is faster)"
 VERDICT_COLORS = {FASTER: style.PALETTE[3], SLOWER: style.PALETTE[4],
-                  WITHIN_NOISE: style.PALETTE[9]}
+                  WITHIN_NOISE: style.PALETTE[9], INCONCLUSIVE: style.PALETTE[8]}
 # Tick steps per decade, coarsest first: the first that puts enough ticks in the range wins.
 TICK_STEPS = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
               (1, 1.1, 1.2, 1.3, 1.5, 1.7, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))

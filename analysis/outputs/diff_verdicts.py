@@ -29,11 +29,13 @@ from analysis.outputs.diff_load import (
 )
 from analysis.outputs.diff_noise import (
     FASTER,
+    INCONCLUSIVE,
     SLOWER,
     VERDICTS,
     Side,
     noise_floor,
     process_gap,
+    processes_needed,
 )
 from analysis.outputs.diff_noise import verdict as noise_verdict
 from analysis.outputs.runs import OK, empty_cell
@@ -45,8 +47,9 @@ RUN_COLUMNS = [
     "run", "presence", "status", "verdict", "old_ms", "old_ci_low_ms", "old_ci_high_ms",
     "new_ms", "new_ci_low_ms", "new_ci_high_ms", "change_pct", "speedup", "speedup_ci_low",
     "speedup_ci_high", "significant", "cis_separate", "noise_floor_pct", "old_noise_pct",
-    "new_noise_pct", "process_gap_pct", "old_timing_source", "new_timing_source",
-    "old_processes", "new_processes", "old_folders", "new_folders", "params_changed",
+    "new_noise_pct", "process_gap_pct", "processes_needed", "old_timing_source",
+    "new_timing_source", "old_processes", "new_processes", "old_folders", "new_folders",
+    "params_changed",
     "old_peak_gib", "new_peak_gib", "peak_change_pct",
 ]  # fmt: skip
 EXPLAIN_COLUMNS = ["run", "verdict", "old_ms_per_step", "new_ms_per_step", "delta_ms_per_step",
@@ -98,6 +101,8 @@ def run_row(name: str, old: Run | None, new: Run | None, threshold: float) -> di
         process_gap_pct=process_gap(so, sn) * 100,
         verdict=noise_verdict(so, sn, threshold), old_processes=old_n, new_processes=new_n,
     )  # fmt: skip
+    if row["verdict"] == INCONCLUSIVE:  # what would make the pair judgeable
+        row["processes_needed"] = processes_needed(so, sn, threshold)
     return row
 
 
@@ -261,7 +266,8 @@ def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
     runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
     runs[NUMERIC_COLUMNS] = runs[NUMERIC_COLUMNS].astype(float)  # None when no side measured
     runs = _sorted_runs(runs)
-    counts = ["old_processes", "new_processes", "old_folders", "new_folders"]
+    counts = ["old_processes", "new_processes", "old_folders", "new_folders",
+              "processes_needed"]
     runs[counts] = runs[counts].astype("Int64")
     explanations = {}
     for row in runs.itertuples():
@@ -273,9 +279,9 @@ def compare(old: Path, new: Path, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
 
 
 def _sorted_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Slower first (worst first), then faster, then within noise, then failed and one-sided
-    runs."""
-    rank = runs["verdict"].map(VERDICT_ORDER).fillna(3)
+    """Slower first (worst first), then faster, then within noise, then inconclusive, then
+    failed and one-sided runs."""
+    rank = runs["verdict"].map(VERDICT_ORDER).fillna(len(VERDICTS))
     presence = (runs["presence"] != "both").astype(int)
     magnitude = -(runs["change_pct"].abs().fillna(0))
     order = pd.DataFrame({"p": presence, "r": rank, "m": magnitude, "n": runs["run"]})
