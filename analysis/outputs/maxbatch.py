@@ -17,7 +17,7 @@ import pandas as pd
 
 from analysis.outputs.overview_experiments import ms, number
 from analysis.outputs.overview_page import EMPTY, Grid, Titled
-from analysis.outputs.runs import OK, empty_cell, read_json
+from analysis.outputs.runs import empty_cell, read_json
 
 TITLE = "The largest batch that fits (batch: max)"
 
@@ -68,7 +68,9 @@ def _row(row: pd.Series) -> list[str]:
     found = number(row.get("batch"))
     peak = number(row.get("peak_memory_gib"))
     nxt = number(row.get("max_batch_oom_batch"))
-    step = ms(row.get("step_ms")) if row.get("status") == OK else str(row.get("status"))
+    # the timing processes' step time also where a later capture failed; else the status
+    step = (ms(row.get("step_ms")) if number(row.get("step_ms")) is not None
+            else str(row.get("status")))
     return [str(row["run"]), EMPTY if found is None else str(int(found)),
             EMPTY if peak is None else f"{peak:.2f}", step,
             EMPTY if nxt is None else str(int(nxt)), _cell(row.get("max_batch_oom_status")),
