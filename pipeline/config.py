@@ -25,7 +25,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,14 @@ PIPELINE_RUN_KEYS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     # every captured single-process GPU run (`device: cuda`, or any device in a config with
     # `gpu: required`); true / false = always / never
     "memory": ((bool, str), "auto"),
+    # `batch: max` (docs/workloads.md, "The largest batch that fits"): the search's bound and
+    # first batch (near the answer, fewer processes)
+    "max_batch_bound": (int, 4096),
+    "max_batch_start": (int, 1),
 }
+# `batch: max`: the run's batch is the largest that fits, found by its own search job first
+MAX = "max"
+MAX_BATCH_KEYS = ("max_batch_bound", "max_batch_start")
 # The values a pipeline key may take, where its type alone does not say.
 PIPELINE_KEY_VALUES: dict[str, tuple[Any, ...]] = {"ops": (False, True, "shapes"),
                                                    "memory": ("auto", True, False)}
@@ -157,8 +164,22 @@ def validate_top_level(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def pipeline_settings(params: dict[str, Any]) -> dict[str, Any]:
-    """The pipeline's own keys of a run, with defaults."""
-    return {k: params.get(k, default) for k, (_, default) in PIPELINE_RUN_KEYS.items()}
+    """The pipeline's own keys of a run, with defaults (the search's keys: max_batch)."""
+    return {k: params.get(k, default) for k, (_, default) in PIPELINE_RUN_KEYS.items()
+            if k not in MAX_BATCH_KEYS}
+
+
+def is_max_batch(params: dict[str, Any]) -> bool:
+    """Whether the run has `batch: max`."""
+    return params.get("batch") == MAX
+
+
+def max_batch(params: dict[str, Any]) -> dict[str, int] | None:
+    """A `batch: max` run's search settings (bound, start); None for any other run."""
+    if not is_max_batch(params):
+        return None
+    return {k.removeprefix("max_batch_"): params.get(k, PIPELINE_RUN_KEYS[k][1])
+            for k in MAX_BATCH_KEYS}
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -204,8 +225,11 @@ def check_run(where: str, params: dict[str, Any]) -> None:
     if pipeline_settings(params)["ops"] and not pipeline_settings(params)["profile"]:
         raise ConfigError(f"{where}.ops", "the op capture needs the lean one (profile: true): "
                           "its overhead is measured against it")
-    params = workload_params(params)
-    check_keys(where, params)
+    check_keys(where, workload_params(params))
+    check_max_batch(where, params)
+    # `batch: max`: the schema checks the rest of the run with the search's first batch
+    params = {**workload_params(params), **({"batch": search["start"]}
+                                            if (search := max_batch(params)) else {})}
     # what jsonschema.validate reports, without checking the schema again for every run
     e = jsonschema.exceptions.best_match(run_validator(params["workload"]).iter_errors(params))
     if e is not None:
@@ -214,6 +238,42 @@ def check_run(where: str, params: dict[str, Any]) -> None:
     problem = workload_problem(params["workload"], json.dumps(params, sort_keys=True))
     if problem is not None:
         raise ConfigError(f"{where}.{problem[0]}", problem[1])
+
+
+def check_max_batch(where: str, params: dict[str, Any]) -> None:
+    """`batch: max` only where a search can answer it: one process of a workload whose batch
+    sets its memory, with a real out-of-memory (a GPU's, or a CPU's memory_limit_mb); the
+    search's keys only with it."""
+    search, given = max_batch(params), [k for k in MAX_BATCH_KEYS if k in params]
+    if search is None:
+        if given:
+            raise ConfigError(f"{where}.{given[0]}", f"{given[0]} is for runs with batch: max "
+                              f"(this run's batch is {params.get('batch', 'its default')!r})")
+        if isinstance(params.get("batch"), str):
+            raise ConfigError(f"{where}.batch", f"{params['batch']!r} is neither a batch size "
+                              f"(an integer >= 1) nor {MAX!r}")
+        return
+    for key in given:
+        if isinstance(params[key], bool) or not isinstance(params[key], int) or params[key] < 1:
+            raise ConfigError(f"{where}.{key}", f"{params[key]!r} is not an integer >= 1")
+    if search["start"] > search["bound"]:
+        raise ConfigError(f"{where}.max_batch_start", f"{search['start']} is above "
+                          f"max_batch_bound ({search['bound']})")
+    workload = params["workload"]
+    module = models.registry()[workload]
+    if "batch" not in run_schemas()[workload]["properties"]:
+        refusal = f"workload {workload!r} has no batch"
+    elif not getattr(module, "BATCH_SETS_MEMORY", True):
+        refusal = (f"workload {workload!r}'s batch sets no memory: the search would only "
+                   "reach its bound")
+    elif params.get("parallel", "none") != "none":
+        refusal = "the search runs one process; give a distributed run its batch per rank"
+    elif params.get("device") == "cpu" and params.get("memory_limit_mb") is None:
+        refusal = ("on the CPU the search needs memory_limit_mb (the cap that makes an "
+                   "out-of-memory real; without it the search takes the host's memory)")
+    else:
+        return
+    raise ConfigError(f"{where}.batch", f"batch: {MAX} is refused here: {refusal}")
 
 
 @cache
@@ -344,6 +404,8 @@ def resolve_runs(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
             k: v for k, v in merged.items()
             if k in params or k in allowed or k in PIPELINE_RUN_KEYS
         }
+        if not is_max_batch(merged):  # defaults' search keys are for the batch: max runs
+            merged = {k: v for k, v in merged.items() if k in params or k not in MAX_BATCH_KEYS}
         check_run(where, merged)
         resolved[name] = merged
     return resolved
@@ -403,6 +465,8 @@ def check_comparisons(cfg: dict[str, Any], runs: dict[str, Any]) -> None:
 def workload_args(params: dict[str, Any]) -> str:
     """The `python -m workloads` command line of one run (its params drive reruns)."""
     params = workload_params(params)
+    if is_max_batch(params):  # the batch comes from the search (Plan.workload_args)
+        params.pop("batch")
     args = [params.pop("workload")]
     for key, value in sorted(params.items()):
         args += [f"--{key}", json.dumps(value) if isinstance(value, dict | list) else str(value)]
@@ -488,7 +552,28 @@ class Plan:
                 if c["a"] in self.profiled and c["b"] in self.profiled]
 
     def workload_args(self, run: str) -> str:
-        return workload_args(self.runs[run])
+        """The run's command line; a `batch: max` run's processes read the batch its search
+        found (--batch_from)."""
+        args = workload_args(self.runs[run])
+        if run not in self.max_batch:
+            return args
+        return f"{args} --batch_from {self.max_batch_result(run)}"
+
+    @cached_property  # asked by every job's command line
+    def max_batch(self) -> dict[str, dict[str, int]]:
+        """The runs with `batch: max` -> their search's bound and start."""
+        return {n: s for n, p in self.runs.items() if (s := max_batch(p)) is not None}
+
+    def max_batch_result(self, run: str) -> str:
+        """Where a `batch: max` run's search writes its result (rule max_batch)."""
+        return f"{self.results}/{run}/maxbatch.json"
+
+    def max_batch_args(self, run: str) -> str:
+        """`python -m workloads.maxbatch`'s command line for the run (its result's --out
+        aside): the bound, the start, the run's workload command line without a batch."""
+        search = self.max_batch[run]
+        return (f"--bound {search['bound']} --start {search['start']} --timeout-s "
+                f"{self.timeout_s} -- {workload_args(self.runs[run])}")
 
     def compiled(self, run: str) -> bool:
         """Whether the run uses torch.compile (its capture then records a TORCH_TRACE)."""
@@ -502,8 +587,9 @@ class Plan:
         members = ladder_members(self.config)
 
         def entry(name: str, params: dict[str, Any]) -> dict[str, Any]:
+            search = max_batch(params)
             return {"params": workload_params(params), **pipeline_settings(params),
-                    **members.get(name, {})}
+                    **({"max_batch": search} if search else {}), **members.get(name, {})}
 
         return {
             "runs": {name: entry(name, params) for name, params in self.runs.items()},

@@ -114,6 +114,8 @@ rule aggregate:
         ops=expand(f"{RESULTS}/{{run}}/stats/ops_metrics.json", run=OP_CAPTURED),
         # the memory view's peak and categories (memory_* columns)
         memory=expand(f"{RESULTS}/{{run}}/stats/memory_metrics.json", run=MEMORY_CAPTURED),
+        # `batch: max` runs' searches (batch_from, max_batch_* columns)
+        max_batch=expand(f"{RESULTS}/{{run}}/maxbatch.json", run=MAX_BATCH),
     output:
         report(
             f"{RESULTS}/summary.csv",

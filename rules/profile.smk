@@ -68,12 +68,71 @@ rule calibrate:
         " {params.python} -m workloads calibrate --out {output} > {log} 2>&1"
 
 
+# `batch: max` (docs/workloads.md, "The largest batch that fits"): the run's search, one guarded
+# job of one GPU before its other jobs, each batch tried in its own process
+# (workloads/maxbatch.py); its result is the run's maxbatch.json, which the run's timing
+# processes, capture and memory capture read their batch from (--batch_from, pipeline/config.py:
+# Plan.workload_args). A search without a batch leaves its status there: each of those
+# processes then writes it as the run's failed record.
+from workloads import maxbatch as _maxbatch  # noqa: E402
+
+MAX_BATCH = PLAN.max_batch
+
+
+def max_batch_input(wildcards):
+    """A `batch: max` run's search result, which its jobs wait for; nothing for other runs."""
+    return PLAN.max_batch_result(wildcards.run) if wildcards.run in MAX_BATCH else []
+
+
+def max_batch_timeout_s(wildcards) -> int:
+    """The search job's limit: the run's (timeout_min) for each process it may run."""
+    return TIMEOUT_S * _maxbatch.most_processes(MAX_BATCH[wildcards.run]["bound"])
+
+
+def max_batch_job_runtime(wildcards, attempt) -> int:
+    """Wall time (minutes) of a search job: a GPU job's for each process it may run."""
+    processes = _maxbatch.most_processes(MAX_BATCH[wildcards.run]["bound"])
+    return processes * gpu_job_runtime(wildcards, attempt)
+
+
+rule max_batch:
+    """A `batch: max` run's search for the largest batch that fits: every batch tried (status,
+    peak, step time), the batch found and the first one up that ran out of memory."""
+    input:
+        image=IMAGE_INPUT,
+    output:
+        f"{RESULTS}/{{run}}/maxbatch.json",
+    log:
+        f"{LOGS}/max_batch/{{run}}.log",
+    benchmark:
+        f"{LOGS}/benchmark/max_batch/{{run}}.jsonl"
+    params:
+        search=lambda wc: PLAN.max_batch_args(wc.run),
+        guard=guard_command,
+        python=PYTHON,
+        timeout_s=max_batch_timeout_s,
+    resources:
+        gpu=1,
+        mem_mb=gpu_job_mem_mb,
+        runtime=max_batch_job_runtime,
+    container:
+        RULE_CONTAINER
+    shell:
+        # The guard's limit is the whole search's (a later --timeout-s wins over the one
+        # guard_command gives); each process has the run's own (maxbatch --timeout-s).
+        # --device-lock: each process waits for the GPU's memory of the one before it.
+        "{params.guard} --timeout-s {params.timeout_s} --run {wildcards.run} --out {output}"
+        " --device-lock -- {params.python} -m workloads.maxbatch --out {output}"
+        " {params.search} > {log} 2>&1"
+
+
 rule time_run:
     """A run's untraced timing processes, one after another: same workload, warm-up and steps,
     no tracer. One job per run (not per process): Snakemake's job start and the gap between
     jobs are paid once per run (docs/timing.md)."""
     input:
         image=IMAGE_INPUT,
+        max_batch=max_batch_input,
     output:
         expand(f"{RESULTS}/{{{{run}}}}/timing/r{{repeat}}.json", repeat=REPEATS),
     log:
@@ -113,6 +172,7 @@ rule profile:
     input:
         image=IMAGE_INPUT,
         nsys=NSYS_INPUT,
+        max_batch=max_batch_input,
     output:
         # Captures are temp(): a results folder without them (dropped with keep_captures:
         # false, or left behind when the folder is copied elsewhere) resumes without redoing
@@ -203,6 +263,7 @@ rule profile_memory:
     """One run's memory capture: memory.json (and its record, memory_times.json)."""
     input:
         image=IMAGE_INPUT,
+        max_batch=max_batch_input,
     output:
         memory=f"{RESULTS}/{{run}}/memory.json",
         times=f"{RESULTS}/{{run}}/memory_times.json",

@@ -34,6 +34,7 @@ from workloads import (
     calibrate,
     devicelock,
     flops,
+    maxbatch,
     memory_capture,
     models,
     parallel,
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         _flag(p, "out", type=Path, default=None, help="write the result JSON here")
         _flag(p, "op_ranges", choices=OP_RANGES, default="off",
               help="PyTorch's op ranges (NVTX) around the measured steps: the op capture")
+        _flag(p, "batch_from", type=Path, default=None,
+              help="a `batch: max` run: the batch its search found (the search's result "
+                   "JSON, workloads/maxbatch.py), in place of --batch")
         _flag(p, "memory_out", type=Path, default=None,
               help="the memory capture: after the measured steps, where the memory goes in "
                    "three more steps, written here (workloads/memory_capture.py)")
@@ -123,7 +127,12 @@ def run_from_command_line(argv: list[str] | None) -> int:
         args.out = parallel.rank_out(args.out)
     # A timeout's SIGTERM becomes an exception, so the JSON (status error) is still written.
     signal.signal(signal.SIGTERM, _terminated)
+    searched = batch_from_search(args)
     record = Record(args, device, memory_limited=False)
+    if searched is not None:
+        record.result["max_batch"] = searched
+        if searched["batch"] is None:  # no batch to run: the search's outcome is the run's
+            return record.finish_without_batch(searched)
     # The limit after the record's own bookkeeping (provenance reads package metadata): only
     # the workload runs under it, so an `oom` record keeps its params and provenance.
     record.result["memory_limit_applied"] = apply_memory_limit(args.memory_limit_mb, device)
@@ -194,6 +203,16 @@ def run_from_command_line(argv: list[str] | None) -> int:
     return 0
 
 
+def batch_from_search(args: argparse.Namespace) -> dict[str, Any] | None:
+    """A `batch: max` run: the batch its search found becomes the run's (None without one:
+    no batch was found), and what the search found, for the record; None for any other run."""
+    if getattr(args, "batch_from", None) is None:
+        return None
+    searched = maxbatch.found(args.batch_from)
+    args.batch = searched["batch"]
+    return searched
+
+
 # Options added after results were published, at their defaults: left out of the config hash.
 # compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
 NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
@@ -207,8 +226,9 @@ def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, A
     params = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if parallel.is_distributed(args) or k not in parallel.ARGS}
     params.pop("workload")
-    if params.get("memory_out") is None:  # only the memory capture's record has it
-        params.pop("memory_out", None)
+    for key in ("memory_out", "batch_from"):  # only the memory capture's, a batch: max run's
+        if params.get(key) is None:
+            params.pop(key, None)
     params["device"] = device.type
     return params
 
@@ -216,9 +236,11 @@ def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, A
 def hashed_params(params: dict[str, Any]) -> dict[str, Any]:
     """What the config hash covers: where the record lands is no config; op ranges and step
     graphs off is every run before they existed (their config hash stays the same), and so
-    is compiling each block; an uncompiled run's compile_blocks changes nothing."""
+    is compiling each block; an uncompiled run's compile_blocks changes nothing. A `batch:
+    max` run's hash is that of the batch it ran (its search's file is where, not what)."""
     return {k: v for k, v in params.items()
-            if k not in ("out", "memory_out") and (k, json.dumps(v)) not in NEW_DEFAULTS
+            if k not in ("out", "memory_out", "batch_from")
+            and (k, json.dumps(v)) not in NEW_DEFAULTS
             and not (k == "compile_blocks" and params["compile"] == "off")}
 
 
@@ -262,6 +284,15 @@ class Record:
         self.fail(status, message)
         self.write()
         print(f"{self.args.workload}: {status}: {message.splitlines()[0] if message else ''}")
+        return EXIT_CODES[status]
+
+    def finish_without_batch(self, searched: dict[str, Any]) -> int:
+        """A `batch: max` run whose search found no batch: its status (oom: batch 1 did not
+        fit; else the search's failure) and message, as a result record."""
+        status = searched["status"] if searched["status"] in EXIT_CODES else "error"
+        self.fail(status, f"batch: max found no batch that fits: {searched['message']}")
+        self.write()
+        print(f"{self.args.workload}: {status}: {self.result['message']}")
         return EXIT_CODES[status]
 
     def succeed(self, workload: Workload, m: Measurement, gpu_state: dict[str, Any],

@@ -1,18 +1,24 @@
-"""The largest batch that fits: doubling, then bisecting, on real out-of-memory results, each
+"""The largest batch that fits: galloping, then bisecting, on real out-of-memory results, each
 batch in its own process (a process that ran out of memory leaves nothing behind for the next).
 
     python -m workloads.maxbatch --bound 256 --out maxbatch.json -- gpt --size small --mode train
 
 Everything after ``--`` is a ``python -m workloads`` command line without ``--batch``. The
-search runs the workload at batch 1, 2, 4, ... until a batch ends ``oom`` (or the bound is
-reached), then bisects between the largest batch that fit and the smallest that did not, so
-it ends with a batch that fits and, one up, a batch that ran out of memory: both are rows of
-the result, as every batch tried is (status, message, peak memory, step time). A batch that
-fails otherwise (an error, unsupported) ends the search: that is no answer about memory.
+search runs the workload at ``--start`` (default 1), then up in steps of 1, 2, 4, ... (from 1:
+batch 1, 2, 4, 8, ...) while batches fit, until one ends ``oom`` or the bound is reached (down
+in the same steps while they run out of memory), then bisects between the largest batch that
+fit and the smallest that did not. So it ends with a batch that fits and, one up, a batch that
+ran out of memory: both are rows of the result, as every batch tried is (status, message, peak
+memory, step time). A start at the answer costs two processes. A batch that fails otherwise
+(an error, unsupported) ends the search: that is no answer about memory.
 
-The result JSON: ``batch`` (the largest that fit; null when batch 1 did not), ``bound``,
-``limited_by`` (``oom`` or ``bound``), ``peak_memory_bytes`` and ``median_ms`` at that batch,
-and ``tried``: one row per batch in the order run. Exit status 0 when a batch was found.
+The result JSON: ``status`` (``ok`` with a batch; ``oom`` when batch 1 did not fit; ``error``)
+and ``message``, ``batch`` (the largest that fit; null without one), ``bound``, ``start``,
+``limited_by`` (``oom`` or ``bound``), ``oom_batch`` (the smallest batch above it that ran out
+of memory), ``peak_memory_bytes`` and ``median_ms`` at that batch, and ``tried``: one row per
+batch in the order run. Exit status as ``python -m workloads``: 0 when a batch was found, 3
+when batch 1 did not fit, 1 otherwise. A pipeline run with ``batch: max`` runs this search
+(rule max_batch) and its processes read the batch from the result (``--batch_from``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from workloads.contract import EXIT_CODES
 
 OK, OOM = "ok", "oom"
 ROW_KEYS = ("status", "message", "peak_memory_bytes", "peak_reserved_bytes", "median_ms")
@@ -59,27 +67,34 @@ def probe(command: list[str], batch: int, timeout_s: float) -> dict[str, Any]:
 
 
 def search(run: Callable[[int], dict[str, Any]], bound: int, start: int = 1) -> dict[str, Any]:
-    """Doubling from ``start``, then bisecting, with ``run(batch)`` giving each batch's row."""
+    """Galloping from ``start`` (steps of 1, 2, 4, ...: from 1 that is doubling), up while
+    batches fit and down while they run out of memory, then bisecting between the largest
+    batch that fit and the smallest that did not; ``run(batch)`` gives each batch's row."""
     tried: list[dict[str, Any]] = []
 
     def attempt(batch: int) -> str:
         tried.append(run(batch))
         return tried[-1]["status"]
 
-    fits, fails, batch = None, None, min(start, bound)
-    while True:  # doubling
+    # fits: the largest batch known to fit (0: none); fails: the smallest that ran out of
+    # memory (None: none yet)
+    fits, fails, batch, step = 0, None, min(start, bound), 1
+    while True:  # galloping
         status = attempt(batch)
+        if status not in (OK, OOM):
+            return result(tried, bound, start, None, f"batch {batch}: {status}")
         if status == OK:
             fits = batch
-            if batch >= bound:
+            if fails is not None or batch >= bound:
                 break
-            batch = min(batch * 2, bound)
-        elif status == OOM:
-            fails = batch
-            break
+            batch = min(batch + step, bound)
         else:
-            return result(tried, bound, None, f"batch {batch}: {status}")
-    while fails is not None and fits is not None and fails - fits > 1:  # bisecting
+            fails = batch
+            if fits or batch == 1:
+                break
+            batch = max(batch - step, 1)
+        step *= 2
+    while fails is not None and fails - fits > 1:  # bisecting
         middle = (fits + fails) // 2
         status = attempt(middle)
         if status == OK:
@@ -87,18 +102,39 @@ def search(run: Callable[[int], dict[str, Any]], bound: int, start: int = 1) -> 
         elif status == OOM:
             fails = middle
         else:
-            return result(tried, bound, None, f"batch {middle}: {status}")
-    return result(tried, bound, fits, OOM if fails is not None else "bound")
+            return result(tried, bound, start, None, f"batch {middle}: {status}")
+    return result(tried, bound, start, fits or None, OOM if fails is not None else "bound")
 
 
-def result(
-    tried: list[dict[str, Any]], bound: int, batch: int | None, limited_by: str
-) -> dict[str, Any]:
+def most_processes(bound: int) -> int:
+    """At most how many processes a search up to ``bound`` runs (from any start): the
+    galloping's and the bisection's, each at most the bound's bits, and the first."""
+    return 2 * bound.bit_length() + 1
+
+
+def result(tried: list[dict[str, Any]], bound: int, start: int, batch: int | None,
+           limited_by: str) -> dict[str, Any]:
+    """The search's record: the batch found, the first batch up that ran out of memory, every
+    row; ``status`` ok with a batch, else why there is none (``oom``: batch 1 did not fit)."""
     at = next((r for r in tried if r["batch"] == batch and r["status"] == OK), {})
+    above = [r["batch"] for r in tried if r["status"] == OOM and r["batch"] > (batch or 0)]
+    if batch is not None:
+        status, message = OK, ""
+    elif limited_by == OOM:
+        first = next((r for r in tried if r["batch"] == 1), {})
+        status, message = OOM, f"batch 1 ran out of memory: {first.get('message') or ''}"
+    else:
+        last = tried[-1] if tried else {}
+        status = "error"
+        message = f"the search stopped at {limited_by}: {last.get('message') or ''}".rstrip(": ")
     return {
+        "status": status,
+        "message": message,
         "batch": batch,
         "bound": bound,
+        "start": start,
         "limited_by": limited_by,
+        "oom_batch": min(above) if above else None,
         "peak_memory_bytes": at.get("peak_memory_bytes"),
         "median_ms": at.get("median_ms"),
         "tried": tried,
@@ -130,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m workloads.maxbatch", description=__doc__.split("\n")[0]
     )
     p.add_argument("--bound", type=int, required=True, help="the largest batch to try")
-    p.add_argument("--start", type=int, default=1, help="the first batch (default 1)")
+    p.add_argument("--start", type=int, default=1,
+                   help="the first batch (default 1; near the answer, fewer processes)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per batch")
     p.add_argument("--out", type=Path, default=None, help="the result JSON")
     args = p.parse_args(argv[:cut])
@@ -145,7 +182,26 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(found, indent=2) + "\n")
     print(f"largest batch that fits: {found['batch']} (limited by {found['limited_by']})")
-    return 0 if found["batch"] is not None else 1
+    return EXIT_CODES[found["status"]]
+
+
+def found(path: Path) -> dict[str, Any]:
+    """What a run with ``batch: max`` takes from its search's result (or from the guard's
+    record when the search itself failed: a timeout, a crash): the batch (None without one),
+    the search's status and message, the bound, the first batch up that ran out of memory."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        record = {"status": "error", "message": f"no readable search result {path}: {err}"}
+    status = str(record.get("status") or "error")
+    batch = record.get("batch") if status == OK else None
+    message = "" if batch is not None else str(record.get("message") or "").strip()
+    return {
+        "batch": batch, "status": OK if batch is not None else status, "message": message,
+        "bound": record.get("bound"), "start": record.get("start"),
+        "limited_by": record.get("limited_by"), "oom_batch": record.get("oom_batch"),
+        "processes": len(record.get("tried") or []), "search": str(path),
+    }
 
 
 if __name__ == "__main__":

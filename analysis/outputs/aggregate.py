@@ -14,6 +14,8 @@ Where each number comes from (docs/timing.md):
   ``ops_overhead``, what the op ranges cost (op capture's traced step / lean capture's - 1);
 * ``optimizer_gbps``, ``optimizer_roofline``: the optimizer step's bytes over its phase GPU
   time, against ``memory_gbps_reference`` (``analysis/metrics/roofline.py``);
+* ``batch_from``, ``max_batch_*`` (runs with ``batch: max``): the search's result
+  (``<run>/maxbatch.json``, analysis/outputs/maxbatch.py); ``batch`` is the batch it found;
 * ``selected``: false for a run that this invocation's ``select`` left out, summarized from
   the records an earlier invocation left (every finished run of the config has its row);
 * ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
@@ -37,6 +39,7 @@ import pandas as pd
 from analysis.metrics.host import cpu_probe_spread, host_bound_share, host_flags
 from analysis.metrics.roofline import memory_reference, optimizer_bytes, optimizer_roofline
 from analysis.metrics.timing import DEFAULT_UNSTABLE_THRESHOLD, summarize
+from analysis.outputs.maxbatch import max_batch_columns
 from analysis.outputs.runs import (
     OK,
     Timing,
@@ -58,6 +61,8 @@ FIRST = [
     "peak_memory_gib", "peak_reserved_gib", "peak_memory_bytes", "compile_s",
 ]  # fmt: skip
 GIB = 1024**3
+# Integer columns that may have empty cells: written as 353, not 353.0.
+WHOLE_NUMBERS = ("batch", "max_batch_oom_batch")
 MEASURED_PEAK_DTYPE = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp32": "fp32"}
 
 
@@ -160,6 +165,7 @@ def run_row(
     row["profiled"] = bool(info.get("profile", True))
     row["ops"] = info.get("ops", False)
     row.update(flatten("", info["params"]))
+    row.update(max_batch_columns(results / run, info, first))  # batch: max runs
     row.update(flatten("", {k.replace(".", "_"): v for k, v in metrics.items()
                             if k not in ("status", "message")}))
     if info.get("ops"):
@@ -281,6 +287,9 @@ def summary_table(
         if column not in table:
             table[column] = None
         table[column] = table[column].astype(object).where(table[column].notna(), git.get(key))
+    for column in WHOLE_NUMBERS:  # a batch: max run that found no batch leaves a gap
+        if column in table and pd.api.types.is_float_dtype(table[column]):
+            table[column] = table[column].astype("Int64")
     first = [c for c in FIRST if c in table.columns]
     provenance = sorted(c for c in table.columns if c.startswith("provenance_"))
     middle = [c for c in table.columns if c not in first and c not in provenance]

@@ -5,9 +5,9 @@
 In order: the machine and software the numbers were made on, the optimization ladder (every
 rung of every model), the best configuration per model, the top findings with their measured
 gains, then one compact table per experiment (CS336's modes, each attention comparison, each
-ladder's top ops, the other runs), the failed and flagged runs and the key figures. The HTML
-embeds its figures (no request leaves the page), fits 1400 px and is the report's first
-result; the Markdown is for a README or a pull request.
+ladder's top ops, the largest batches that fit, the other runs), the failed and flagged runs
+and the key figures. The HTML embeds its figures (no request leaves the page), fits 1400 px
+and is the report's first result; the Markdown is for a README or a pull request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.outputs.findings import Finding, finding_sentence
+from analysis.outputs.maxbatch import max_batch_table
 from analysis.outputs.overview_experiments import attention_tables, other_tables, runs_of
 from analysis.outputs.overview_ops import capture_ops, ladder_ops, module_tables
 from analysis.outputs.overview_page import (
@@ -168,7 +169,8 @@ def page(results: Path, figures: list[Path]) -> list[Block]:
 def experiment_tables(results: Path, summary: pd.DataFrame, plan: dict[str, Any],
                       ladders: dict[str, pd.DataFrame]) -> list[Titled]:
     """One compact table per experiment: CS336's modes, each attention comparison, each
-    ladder's top ops and modules, the op captures and the other runs."""
+    ladder's top ops and modules, the op captures, the largest batches that fit (`batch:
+    max`) and the other runs."""
     tables: list[Titled] = []
     modes = modes_table(summary, results)
     if not modes.empty:
@@ -179,6 +181,7 @@ def experiment_tables(results: Path, summary: pd.DataFrame, plan: dict[str, Any]
     tables += module_tables(results, ladders)
     ladder_runs = {str(r) for t in ladders.values() for r in t["run"]}
     tables += capture_ops(results, summary, ladder_runs)
+    tables += max_batch_table(summary)
     shown = ladder_runs | (set(modes["run"]) if not modes.empty else set())
     tables += other_tables(runs, shown)
     return tables

@@ -20,6 +20,8 @@ Every workload is one: ``attention``, ``attention_core``, ``gpt``, ``sleep`` and
   starts, and the run key it is at.
 * ``summary(options) -> str``: optional, how the summary line names a run (default: the
   workload's name).
+* ``BATCH_SETS_MEMORY``: optional, False where the ``batch`` option changes nothing the step
+  holds (sleep): ``batch: max`` is refused for such a workload (default True).
 
 A workload module imports torch inside ``build``, not at its top: the pipeline reads every
 ``Options`` when it parses a config, and a torch import there would cost every Snakemake start.

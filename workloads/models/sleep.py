@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 RANGE = "sleep"
+# its batch changes nothing the step holds: `batch: max` is refused (pipeline/config.py)
+BATCH_SETS_MEMORY = False
 
 
 @dataclass
