@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from workloads.gpt import GPT, Block, config_for
-from workloads.models.builder import build_gpt, compile_regional
+from workloads.models.builder import CAPTURE_ENV, build_gpt, compile_regional
 from workloads.models.parts import compile_once
+from workloads.module_ranges import ModuleRanges
 from workloads.steps import NESTED_REGION_OPTIONS, Speed, compile_callable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +81,46 @@ def test_regional_traces_one_block_whatever_the_depth() -> None:
     assert deep == shallow  # the blocks after the first reuse its code: no tracing per layer
     assert shallow[1] == 1  # one graph for the block (the final norm runs eagerly)
     assert not counters["recompiles"]  # no block failed the first one's guards
+
+
+def _graphs_under_capture_hooks(layers: int, skip_regions: bool) -> int:
+    """Graphs Dynamo made of a regional model's block with the capture's module ranges
+    installed as the builder installs them (module_ranges.ModuleRanges)."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model("regional", layers)
+    regions = list(model.layers)
+    ranges = ModuleRanges(model, 3, regions if skip_regions else [])
+    compile_regions(model, "default")
+    model(_tokens()).sum().backward()
+    ranges.close_open()
+    ranges.remove()
+    return counters["stats"]["unique_graphs"]
+
+
+def test_capture_hooks_leave_a_regional_block_compiled_once() -> None:
+    # hooks inside the block are per-instance guards: each layer recompiled the block's code,
+    # and past recompile_limit (8) the capture ran the remaining layers eagerly
+    assert _graphs_under_capture_hooks(3, skip_regions=False) == 3
+    assert _graphs_under_capture_hooks(3, skip_regions=True) == 1
+
+
+def _graphs_of_regional_gpt(monkeypatch: pytest.MonkeyPatch, capture: str) -> int:
+    monkeypatch.setenv(CAPTURE_ENV, capture)
+    torch._dynamo.reset()
+    counters.clear()
+    workload = build_gpt(size="tiny", context=32, batch=2, vocab=512, mode="train",
+                         dtype="fp32", attention="sdpa", device=torch.device("cpu"), seed=0,
+                         speed=Speed(compile="default", compile_blocks="regional"))
+    for _ in range(2):
+        workload.step()
+    return counters["stats"]["unique_graphs"]
+
+
+def test_a_captured_regional_gpt_compiles_as_the_timed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture process (PROFBENCH_CAPTURE=1) runs the timed program: the builder keeps the
+    module ranges out of the compiled layers (with them, one more graph per layer)."""
+    assert _graphs_of_regional_gpt(monkeypatch, "1") == _graphs_of_regional_gpt(monkeypatch, "0")
 
 
 def test_regional_gradients_and_losses_equal_eager_ones() -> None:

@@ -27,7 +27,8 @@ forward without grad and backpropagates through the recomputation: that recomput
 hooks are what open and close the module's backward range.
 
 While torch.compile traces, the hooks do nothing (no graph breaks): compiled code gets its
-module paths from Inductor's provenance instead (docs/analysis.md).
+module paths from Inductor's provenance instead (docs/analysis.md). Modules inside a layer
+compiled on its own get no hooks at all (:func:`module_paths`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,17 @@ def recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def module_paths(model: nn.Module, depth: int) -> list[tuple[str, nn.Module]]:
+def module_paths(model: nn.Module, depth: int,
+                 compiled: list[nn.Module] = ()) -> list[tuple[str, nn.Module]]:
     """(path, module) of every named module of at most ``depth`` path components (the root,
-    whose range would be the forward pass itself, excluded); each module once."""
+    whose range would be the forward pass itself, excluded); each module once. Nothing inside
+    a ``compiled`` region (each compiled on its own: ``compile_blocks`` regional or once): a
+    hook there is a guard Dynamo checks per instance, so every layer would recompile the shared
+    code (past ``recompile_limit``, 8, the rest run eagerly), while its paths come from
+    Inductor's provenance anyway. The region's own module keeps its hooks."""
+    inside = {id(m) for region in compiled for m in region.modules() if m is not region}
     return [(path, module) for path, module in model.named_modules()
-            if path and path.count(".") < depth]
+            if path and path.count(".") < depth and id(module) not in inside]
 
 
 class _Call:
@@ -127,10 +134,10 @@ def _grad_tensors(values: Any) -> list[torch.Tensor]:
 class ModuleRanges:
     """The hooks of one model; ``remove()`` takes them off."""
 
-    def __init__(self, model: nn.Module, depth: int) -> None:
+    def __init__(self, model: nn.Module, depth: int, compiled: list[nn.Module] = ()) -> None:
         self.open_calls: set[_Call] = set()
         self.handles: list[Any] = []
-        hooked = module_paths(model, depth)
+        hooked = module_paths(model, depth, compiled)
         self.paths = [path for path, _ in hooked]
         for path, module in hooked:
             self._hook(module, path)

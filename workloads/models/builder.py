@@ -114,9 +114,11 @@ def build_step(settings: StepSettings, run: Any, make_parts: Callable[[], ModelP
     float8 = fp8.convert(model, speed, device, settings.compile_blocks)
     depth = module_depth(model, structure, settings.module_depth)
     ranges = None  # after the counted step: its ranges would stay open
-    if depth and os.environ.get(CAPTURE_ENV) == "1":
-        ranges = module_ranges.ModuleRanges(model, depth)
     compiled = speed.compile_mode != "off"
+    if depth and os.environ.get(CAPTURE_ENV) == "1":
+        regions = structure.layer_modules(model) if compiled and settings.compile_blocks in (
+            "regional", "once") else []
+        ranges = module_ranges.ModuleRanges(model, depth, regions)
     if settings.checkpoint == "layers":
         checkpoint_layers(structure.layer_modules(model))
     if settings.compile_blocks == "once" and compiled:
