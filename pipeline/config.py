@@ -329,6 +329,19 @@ class Rung:
                 "rung": self.name}
 
 
+RUNG_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+def check_rung_dtype(where: str, name: str, dtype: str | None) -> None:
+    """A rung named for a dtype runs that dtype: rungs add their keys to the rung before, so a
+    ``bf16_fused`` rung after ``{dtype: fp32}`` would run fp32 under a bf16 name."""
+    named = [word for word in name.split("_") if word in RUNG_DTYPES]
+    if named and dtype is not None and dtype not in named:
+        raise ConfigError(where, f"the rung is named for {named[0]} but runs dtype {dtype} "
+                                 f"(a rung adds its keys to the rung before): set dtype: "
+                                 f"{named[0]} on it, or rename it")
+
+
 def expand_ladders(cfg: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any], Rung]]:
     """Ladder runs: name -> (where in the config, parameters, rung).
 
@@ -352,6 +365,8 @@ def expand_ladders(cfg: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any], 
                     raise ConfigError(f"{where}.rungs[{i}].name", "rung names must be unique")
                 seen.add(rung["name"])
                 params = {**params, **rung_keys}
+                check_rung_dtype(f"{where}.rungs[{i}].name", rung["name"],
+                                 params.get("dtype", cfg.get("defaults", {}).get("dtype")))
                 name = f"{ladder['name']}_{group}_{i}_{rung['name']}"
                 out[name] = (f"{where}.rungs[{i}] (run {name})", dict(params),
                              Rung(ladder["name"], group, i, rung["name"]))

@@ -126,6 +126,19 @@ def test_ladder_rungs_add_their_keys_to_the_rung_before() -> None:
     assert plan.ladder_tables == ["ladder_tiny"]
 
 
+def test_a_rung_named_for_a_dtype_it_does_not_run_is_refused() -> None:
+    # config/memory.yaml at c30de23: `bf16_fused` kept the first rung's fp32
+    cfg = {"runs": {}, "defaults": {"dtype": "bf16"}, "ladders": [{
+        "name": "gpt_memory", "base": {"workload": "gpt", "size": ["small"]},
+        "rungs": [{"name": "fp32_eager", "dtype": "fp32"},
+                  {"name": "bf16_fused", "optimizer": "adamw_fused"}]}]}
+    with pytest.raises(config.ConfigError, match=r"rungs\[1\]\.name.*named for bf16 but runs "
+                       r"dtype fp32.*set dtype: bf16"):
+        config.expand_ladders(cfg)
+    cfg["ladders"][0]["rungs"][1]["dtype"] = "bf16"
+    assert config.expand_ladders(cfg)["gpt_memory_small_1_bf16_fused"][1]["dtype"] == "bf16"
+
+
 def test_each_rung_is_compared_with_the_one_before() -> None:
     plan = config.resolve(smoke())
     ladder = [c for n, c in plan.comparisons.items() if n.endswith("_vs_prev")]
