@@ -208,3 +208,27 @@ def test_a_cast_finding_on_the_bf16_rung_is_a_joint_gain_with_every_difference(
         before, rung = alone[0]
         assert f"{rung} vs {before} (compile=" in f.single_gains
         assert f.single_gains in sentence
+
+
+def test_the_checkpoint_trade_is_the_twins_peak_and_step_time() -> None:
+    """The published H200 memory run: each checkpoint_trade finding against its twin's cells,
+    computed here from summary.csv and the timing records."""
+    folder = PUBLISHED / "h200" / "memory"
+    summary = pd.read_csv(folder / "summary.csv").set_index("run")
+    findings = pd.read_csv(folder / "findings.csv")
+    trades = findings[findings.rule == "checkpoint_trade"].set_index("run")
+    assert set(trades.index) == {"gpt_checkpoint_2.7B_1_checkpoint_layers",
+                                 "cs336_checkpoint_all_1_checkpoint_layers"}
+    for run, f in trades.iterrows():
+        twin = run.replace("_1_checkpoint_layers", "_0_bf16_eager")
+        assert f.gain_run == twin
+        before, after = summary.loc[twin, "peak_memory_gib"], summary.loc[run, "peak_memory_gib"]
+        assert f.value == pytest.approx(1 - after / before)
+        assert f"peak {before:.2f} → {after:.2f} GiB" in f.title
+        # the speed-up of the twin: the ratio of the runs' untraced medians
+        ratio = summary.loc[run, "step_ms"] / summary.loc[twin, "step_ms"]
+        assert f.gain == pytest.approx(ratio, rel=0.02)
+        assert f.gain_ci_low <= ratio <= f.gain_ci_high
+        assert f"{ratio - 1:+.0%} step time" in f.title
+    assert trades.loc["gpt_checkpoint_2.7B_1_checkpoint_layers", "fix"].startswith(
+        "train without activation checkpointing")  # 8% saved: below the 20% it needs

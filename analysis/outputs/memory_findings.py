@@ -9,6 +9,13 @@ run that differs from this one in the checkpoint key only (its ladder's checkpoi
 any run), the finding quotes what that run measured: its peak memory saved (GiB the step held,
 ``peak_memory_gib``) and the step time it paid, with the speed-up's 95% CI (as every fix's
 gain); a variant that changes more is a joint gain and its memory is not credited to the fix.
+
+``checkpoint_trade`` (on a run with ``checkpoint: layers`` whose twin without it finished): the
+trade it measured, peak GiB saved against the step time paid (the twin's speed-up with its 95%
+CI), and what holds the checkpointed run's peak. Below :data:`MIN_SAVED` of the twin's peak
+it does not pay: the activations it frees were not what held the peak (parameters, gradients
+and optimizer state at the end of backward, say), so the fix is to train without it, or to
+shrink what holds the peak.
 """
 
 from __future__ import annotations
@@ -24,6 +31,13 @@ SHARE_COLUMN = "memory_at_peak_share_activations"
 # the workloads whose layers checkpoint: layers wraps (the GPT's blocks, a model's layers)
 LAYERED = ("gpt", "model")
 CHECKPOINT = Fix("activation checkpointing (checkpoint: layers)", {"checkpoint": ("layers",)})
+# A fifth of the peak: less than that rarely buys a larger batch or model, for a step that
+# recomputes every layer's forward (a third more GPU work or so)
+MIN_SAVED = 0.2
+NO_CHECKPOINT = Fix("train without activation checkpointing (checkpoint: none)",
+                    {"checkpoint": ("none", None)})
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
+              "other")
 
 
 def activations_dominate_peak(ctx: Context, run: str) -> Iterator[Finding]:
@@ -66,4 +80,54 @@ def memory_trade(ctx: Context, run: str, variant: str, gain: float | None) -> st
     )
 
 
-MEMORY_RULES = [activations_dominate_peak]
+def checkpoint_trade(ctx: Context, run: str) -> Iterator[Finding]:
+    """What checkpointing bought and cost, measured against the run without it."""
+    params = ctx.params(run)
+    peak = ctx.cell(run, "peak_memory_gib")
+    if params.get("checkpoint") != "layers" or peak is None:
+        return
+    f = Finding(
+        rule="checkpoint_trade",
+        run=run,
+        title="",
+        value=0.0,
+        threshold=MIN_SAVED,
+        source=SUMMARY,
+        key_column="run",
+        key=run,
+        value_column="peak_memory_gib",
+        fix="",
+    )
+    found = recommend(ctx, f, [NO_CHECKPOINT])
+    twin_peak = ctx.cell(found.gain_run, "peak_memory_gib") if found and found.gain_run else None
+    if found is None or found.joint or not found.gain or twin_peak is None:
+        return
+    saved = 1 - float(peak) / float(twin_peak)
+    found.value = saved
+    found.title = (
+        f"activation checkpointing: peak {float(twin_peak):.2f} → {float(peak):.2f} GiB "
+        f"({-saved:+.0%}) for {found.gain - 1:+.0%} step time{time_ci(found)}; "
+        f"{peak_holders(ctx, run)}"
+    )
+    if saved >= MIN_SAVED:
+        found.fix = ("keep it where the memory it frees is used (a larger batch: batch: max; a "
+                     "larger model), else " + NO_CHECKPOINT.text)
+    yield found
+
+
+def time_ci(f: Finding) -> str:
+    """ " (95% CI +76% to +154%)": the step time paid, from the twin's speed-up CI."""
+    if f.gain_ci_low is None or f.gain_ci_high is None:
+        return ""
+    return f" (95% CI {f.gain_ci_low - 1:+.0%} to {f.gain_ci_high - 1:+.0%})"
+
+
+def peak_holders(ctx: Context, run: str) -> str:
+    """ "at its peak: optimizer state 49%, parameters 25%, ..." (the categories above 10%)."""
+    shares = [(c, ctx.cell(run, f"memory_at_peak_share_{c}")) for c in CATEGORIES]
+    held = sorted(((c, float(v)) for c, v in shares if v is not None), key=lambda x: -x[1])
+    named = [f"{c.replace('_', ' ')} {v:.0%}" for c, v in held if v >= 0.1]
+    return "at its peak: " + ", ".join(named) if named else "no memory capture of its peak"
+
+
+MEMORY_RULES = [activations_dominate_peak, checkpoint_trade]
