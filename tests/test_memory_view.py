@@ -178,3 +178,23 @@ def test_smoke_run_has_the_memory_view(smoke_workdir: Path) -> None:
     summary = pd.read_csv(out / "summary.csv").set_index("run")
     assert summary.loc["gpt_tiny_train_bf16", "memory_status"] == "ok"
     assert "peak_memory_gib" in summary.columns
+
+
+def test_phases_span_their_own_host_times_also_without_allocations() -> None:
+    """A phase that allocates nothing (fused AdamW) keeps its length on the host clock, and the
+    capture's bookkeeping between two phases (a snapshot) is in neither."""
+    start = 1.7e15  # µs since the epoch, as the allocator stamps its history
+    curve = [(start + 1000, 100), (start + 9000, 900), (start + 20000, 200)]
+    marks = [
+        {"phase": "forward_pass", "time_us": start + 10000, "resumed_us": start + 14000,
+         "trace_index": 2, "allocated_bytes": 900},
+        {"phase": "backward_pass", "time_us": start + 25000, "resumed_us": start + 26000,
+         "trace_index": 3, "allocated_bytes": 200},
+        {"phase": "optimizer_step", "time_us": start + 31000, "resumed_us": start + 32000,
+         "trace_index": 3, "allocated_bytes": 200},
+    ]
+    rows = memory_capture.phase_rows(marks, curve, start, 0, [900, 900, 200], host_clock=True)
+    assert [(r["start_ms"], r["end_ms"]) for r in rows] == [(0, 10), (14, 25), (26, 31)]
+    # a history on another clock: the ranges end where the history was split
+    old = memory_capture.phase_rows(marks, curve, start, 0, [900, 900, 200])
+    assert [(r["start_ms"], r["end_ms"]) for r in old] == [(0, 9), (9, 20), (20, 20)]

@@ -275,7 +275,8 @@ class StepObserver:
     def _phase_ended(self, name: str) -> None:
         if name not in PHASES:
             return
-        mark: dict[str, Any] = {"phase": name}
+        # the phase's end on the host clock, before this bookkeeping's own time
+        mark: dict[str, Any] = {"phase": name, "time_us": time.time_ns() / 1e3}
         if self.device.type == "cuda":
             mark["allocated_bytes"] = torch.cuda.memory_allocated(self.device)
             mark["peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -284,6 +285,7 @@ class StepObserver:
             # where the phase ends in the allocator's history: its length so far (a snapshot
             # here costs the capture time, never a timed step)
             mark["trace_index"] = len(_allocations(torch.cuda.memory._snapshot(), self.device))
+        mark["resumed_us"] = time.time_ns() / 1e3  # where the next phase starts
         self.phases.append(mark)
 
 
@@ -342,6 +344,7 @@ def allocator_view(
     )
     trace = _allocations(snapshot, device)
     curve = replay(trace, start_bytes)
+    host_clock = clock_origin(curve, started_us) == started_us
     started_us = clock_origin(curve, started_us)
     owners_by_ptr = category_owners(owners, grads_before, observer.saved)
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
@@ -365,7 +368,8 @@ def allocator_view(
         "at_peak_activations_kept": by_category["activations_kept"],
         "curve": _thin([((t - started_us) / 1e3, b) for t, b in curve]),
         "step_ms": step_ms,
-        "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks),
+        "phases": phase_rows(observer.phases, curve, started_us, start_bytes, phase_peaks,
+                             host_clock),
         "at_backward_start": at_backward and {c: at_backward[c] for c in CATEGORIES},
         "at_backward_start_activations_kept": at_backward and at_backward["activations_kept"],
         "activations_from": (
@@ -619,13 +623,18 @@ def phase_rows(
     started_us: float,
     start_bytes: int,
     peaks: list[int],
+    host_clock: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per phase range: where it starts and ends on the curve's clock (the allocator's
-    history, split where the range ended), the bytes alive then and the peak inside it."""
+    """Per phase range: where it starts and ends on the curve's clock, the bytes alive then
+    and the peak inside it. Where the allocator's history runs on the host clock, the range's
+    own ends (a phase that allocates nothing, AdamW fused, still has its length; the capture's
+    bookkeeping between two phases is in neither); else where the history was split."""
     rows, begin, before = [], 0.0, start_bytes
     for mark, peak in zip(marks, peaks, strict=True):
         index = mark["trace_index"]
         end = (curve[index - 1][0] - started_us) / 1e3 if 0 < index <= len(curve) else begin
+        if host_clock and "time_us" in mark:
+            end = (mark["time_us"] - started_us) / 1e3
         rows.append(
             {
                 "phase": mark["phase"],
@@ -637,6 +646,8 @@ def phase_rows(
             }
         )
         begin, before = end, mark["allocated_bytes"]
+        if host_clock and "resumed_us" in mark:
+            begin = (mark["resumed_us"] - started_us) / 1e3
     return rows
 
 
