@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import REPO, SMOKE_CONFIG, smoke_console_file, snakemake
 
+from analysis.outputs import aggregate
 from analysis.outputs.diff_load import find_runs
 from analysis.outputs.diff_markdown import _part_md as part_md
 from analysis.outputs.diff_verdicts import explain_run, top_range
@@ -153,6 +154,24 @@ def test_the_console_names_each_failed_run_and_its_log(smoke_workdir: Path) -> N
     assert re.search(r"gpt_small_oom +oom: .*allocate", block) and log in block
     assert (smoke_workdir / log).is_file()
     assert re.search(r"attention_core_cudnn +unsupported: .*cudnn", block, re.I)
+
+
+def test_the_compiled_capture_ran_the_timed_graphs(smoke_workdir: Path) -> None:
+    """The capture and the timing processes of the compiled rung made the same graphs; a
+    capture that made more is flagged (that record, one graph more: a recompile)."""
+    folder = results(smoke_workdir)
+    summary = pd.read_csv(folder / "summary.csv").set_index("run")
+    row = summary.loc[LADDER[-1]]
+    assert row["dynamo_graphs_traced"] == row["dynamo_graphs_timed"] >= 1
+    assert "capture_recompiled" not in str(row["flags"])
+    times = json.loads((folder / LADDER[-1] / "times.json").read_text())
+    timed = [json.loads(p.read_text()) for p in (folder / LADDER[-1] / "timing").glob("r*.json")]
+    recompiled = {**times, "dynamo_graphs": times["dynamo_graphs"] + 1}
+    columns = aggregate.traced_columns(recompiled, row["step_ms"], timed)
+    assert "capture_recompiled" in aggregate._flags({**columns, "status": "ok"},
+                                                    aggregate.read_timing(folder / LADDER[-1]))
+    assert json.loads((folder / LADDER[0] / "timing" / "r0.json").read_text()).get(
+        "dynamo_graphs", 0) == 0  # eager: nothing compiled
 
 
 def test_ladder_table_has_every_rung_and_its_gain(smoke_workdir: Path) -> None:

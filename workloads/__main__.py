@@ -345,11 +345,24 @@ class Record:
             self.result["module_depth"] = workload.module_depth
         if workload.float8 is not None:
             self.result["float8"] = workload.float8
+        graphs = dynamo_graphs()
+        if graphs is not None:
+            self.result["dynamo_graphs"] = graphs
 
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
         if self.args.out is not None:  # whole or not at all: the guard watches for it
             write_whole(self.args.out, self.result)
+
+
+def dynamo_graphs() -> int | None:
+    """The graphs torch.compile made in this process (its recompiles included), or None where
+    nothing imported Dynamo: a capture that compiled more than the timed processes did ran
+    another program (aggregate's ``capture_recompiled``)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return None
+    return int(dynamo.counters["stats"]["unique_graphs"])
 
 
 # Scalars of a successful run; null in a failed run's JSON.

@@ -23,6 +23,8 @@ Where each number comes from (docs/timing.md):
   ``cpu_speed_varied`` (the step's time is the host's; the host's speed moved during the run:
   ``host_bound_share``, ``cpu_probe_spread``, analysis/metrics/host.py), ``high_overhead`` (the
   tracer slowed the step by more than 25%: the capture's timeline is distorted),
+  ``capture_recompiled`` (torch.compile made more graphs in the capture than in any timing
+  process, ``dynamo_graphs_traced`` / ``_timed``: the capture ran other code than was timed),
   ``module_attribution_suspect`` (the module table failed its self-check, the column of that
   name says how: analysis/metrics/modulecheck.py), ``failed``.
 """
@@ -132,14 +134,26 @@ def gpu_flags(timing: Timing) -> list[str]:
     return sorted(flags)
 
 
-def traced_columns(times: dict[str, Any] | None, step_ms: float | None) -> dict[str, Any]:
+def traced_columns(times: dict[str, Any] | None, step_ms: float | None,
+                   timed: list[dict[str, Any]] = ()) -> dict[str, Any]:
     if not times or times.get("status", OK) != OK or not step_times(times):
         return {}
     traced = statistics.median(step_times(times))
     return {
         "step_ms_traced": traced,
         "profiler_overhead": traced / step_ms - 1 if step_ms else None,
+        **graph_columns(times, timed),
     }
+
+
+def graph_columns(times: dict[str, Any], timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The graphs torch.compile made in the capture and in the timing processes (their most):
+    more in the capture is a capture that recompiled, whose kernels are not the timed ones."""
+    captured = times.get("dynamo_graphs")
+    counts = [r["dynamo_graphs"] for r in timed if r.get("dynamo_graphs") is not None]
+    if captured is None or not counts:
+        return {}
+    return {"dynamo_graphs_traced": captured, "dynamo_graphs_timed": max(counts)}
 
 
 def run_row(
@@ -154,7 +168,7 @@ def run_row(
     row: dict[str, Any] = {"run": run, "workload": info["params"].get("workload")}
     row.update(timing_columns(timing, threshold))
     step_ms = row.get("step_ms")
-    row.update(traced_columns(times, step_ms))
+    row.update(traced_columns(times, step_ms, timing.ok_records))
     row.update(throughput_columns(first, step_ms, calibration))
     row.update(status=_status(timing, times), message=_message(timing, times))
     row["timer"] = first.get("timer")
@@ -256,6 +270,8 @@ def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
     flags += host_flags(row.get("host_bound_share"), row.get("cpu_probe_spread"))
     if (row.get("profiler_overhead") or 0) > HIGH_OVERHEAD:
         flags.append("high_overhead")
+    if (row.get("dynamo_graphs_traced") or 0) > (row.get("dynamo_graphs_timed") or float("inf")):
+        flags.append("capture_recompiled")
     if not empty_cell(row.get("module_attribution_suspect")):
         flags.append("module_attribution_suspect")
     return flags

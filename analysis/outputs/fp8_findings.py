@@ -69,6 +69,9 @@ def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float |
     where = (f"M = {m} tokens per step" if m else "M unknown") + (
         f", K×N {', '.join(f'{k}×{n}' for k, n in shapes)}" if shapes else ""
     )
+    if any("capture_recompiled" in str(ctx.cell(r, "flags") or "") for r in (fp8, bf16)):
+        return f"no cause from the captures: one recompiled, its kernels are not the timed ones " \
+               f"({where})", None, None
     gemm16 = _ms_per_step(ctx, bf16, "GEMM")
     gemm8, other8 = _ms_per_step(ctx, fp8, "FP8GEMM"), _ms_per_step(ctx, fp8, "GEMM")
     casts, kernels = _ms_per_step(ctx, fp8, "FP8Cast"), ctx.cell(fp8, "kernel_time_ns")

@@ -233,6 +233,8 @@ MESSAGE_CHARS = 160  # of a failed run's message on the front page (summary.csv 
 FLAG_MEANING = {
     "unstable": "95% CI wider than the unstable threshold",
     "high_overhead": "tracing slowed the step by over 25%",
+    "capture_recompiled": "torch.compile made more graphs in the capture than when timed: "
+                          "the capture's kernels are not the timed ones",
     "power_capped": "the GPU held its clocks to its power limit",
     "throttled": "thermal or hardware clock slowdown",
     "shared_gpu": "another process used the GPU",
