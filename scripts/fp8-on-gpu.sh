@@ -39,7 +39,7 @@ if [ -f "$resume/fp8_plain.json" ]; then
   [ "$resume/fp8_plain.json" -ef "$out/fp8_plain.json" ] || cp "$resume/fp8_plain.json" "$out/"
 else
   python3 benchmarks/fp8_plain.py --size 2.7B --batch 4 --context 512 --compile regional \
-    --warmup 3 --steps 8 --out "$out/fp8_plain.json" 2>&1 \
+    --warmup 5 --steps 20 --out "$out/fp8_plain.json" 2>&1 \
     | grep -v "Failed to load\|register_constant\|_pytree"
   echo "plain script: $(( $(date +%s) - start )) s"
 fi
