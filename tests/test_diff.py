@@ -33,7 +33,7 @@ from PIL import Image
 from timing_records import normal_processes, write_timing
 
 from analysis.metrics.timing import summarize
-from analysis.outputs import diff, style
+from analysis.outputs import diff, diff_rerun, style
 from analysis.outputs.diff_noise import (
     MAX_PROCESSES,
     Side,
@@ -607,6 +607,68 @@ def test_cpu_runs_known_delays_are_slower(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     named = done.stderr.strip().splitlines()[-1].removeprefix("slower by more than 5%: ")
     assert set(SLEEP_RUNS) <= set(named.split(", ")), done.stderr
+
+
+def cpu_runs_config(folder: Path, out: Path) -> Path:
+    """The config the CPU runs were made with (their plan.json's runs, as a user's config
+    names them), for the fixture's runs."""
+    plan = json.loads((folder / "plan.json").read_text())
+    runs = {name: {**plan["runs"][name]["params"], "profile": False}
+            for name in [*SLEEP_RUNS, *MLP_RUNS]}
+    config = {"results": "results", "calibrate": False, "container": {"variant": "cpu"},
+              "timing": {"repeats": 3}, "runs": runs}
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def test_rerun_advice_caps_names_pairs_and_skips_what_has_enough() -> None:
+    """The advice from runs.csv's columns: the largest need, capped; a --pair row selects
+    both its names; a run whose sides already have the capped count is left out; nothing to
+    rerun, no advice."""
+    runs = pd.DataFrame({
+        "run": ["a", "old_b=new_b", "c", "d", "e"],
+        "presence": ["both"] * 4 + ["old_only"],
+        "verdict": ["inconclusive", "inconclusive", "inconclusive", "within noise", None],
+        "processes_needed": [7, None, 30, None, None],
+        "old_processes": [3, 3, 12, 3, None], "new_processes": [3, 3, 12, 3, None]})
+    advice = diff_rerun.advice(runs, max_repeats=12)
+    assert advice.repeats == 12 and advice.select == ["a", "old_b", "new_b"]
+    assert advice.needs == {"a": 7, "old_b=new_b": None} and advice.capped == ["old_b=new_b"]
+    assert advice.left_out == ["c"]
+    assert diff_rerun.advice(runs.iloc[:1], max_repeats=12).repeats == 7
+    assert diff_rerun.advice(runs.iloc[2:], max_repeats=12) is None
+
+
+def test_inconclusive_runs_get_a_rerun_fragment_the_pipeline_takes(tmp_path: Path) -> None:
+    """A/A CPU folders: the MLP runs are inconclusive, and the diff writes rerun.yaml, the
+    config fragment that reruns exactly them with the processes that would judge them (their
+    largest `processes_needed`, capped by --max-repeats) and says so on the console and in
+    summary.md. The pipeline takes it as a second --configfile: a dry run of the runs' own
+    config and the fragment, as the advice says (--forcerun time_run: this copy has no
+    Snakemake records), plans the timing jobs of those runs only. A diff with nothing
+    inconclusive (a 1000% threshold) leaves no rerun.yaml behind."""
+    out = tmp_path / "diff"
+    done = cli(CPU_RUNS / "aa1", CPU_RUNS / "aa2", "-o", out, "--max-repeats", 12)
+    assert done.returncode == 0, done.stderr
+    runs = pd.read_csv(out / "runs.csv").set_index("run")
+    unjudged = runs[runs["verdict"] == "inconclusive"]
+    keys = yaml.safe_load((out / "rerun.yaml").read_text())
+    assert sorted(keys["select"]) == sorted(unjudged.index) == sorted(MLP_RUNS)
+    needs = unjudged["processes_needed"].fillna(MAX_PROCESSES + 1)
+    assert keys["timing"] == {"repeats": int(min(12, needs.max()))}
+    assert f"with {keys['timing']['repeats']} timing processes a side" in done.stdout
+    assert f"--configfile CONFIG {out / 'rerun.yaml'} --forcerun time_run" in done.stdout
+    assert "`rerun.yaml` (beside this file) reruns 2 of them" in (out / "summary.md").read_text()
+    work = tmp_path / "work"
+    shutil.copytree(CPU_RUNS / "aa1", work / "results")
+    config = cpu_runs_config(CPU_RUNS / "aa1", tmp_path / "config.yaml")
+    planned = snakemake(work, "-n", "--cores", "2", "--configfile", str(config),
+                        str(out / "rerun.yaml"), "--forcerun", "time_run", "--",
+                        "results/summary.csv")
+    jobs = re.findall(r"rule time_run:.*?wildcards: run=(\w+)", planned.stdout, re.S)
+    assert sorted(jobs) == sorted(MLP_RUNS), planned.stdout
+    diff.write_diff(CPU_RUNS / "aa1", CPU_RUNS / "aa2", out, threshold_pct=1000)
+    assert not (out / "rerun.yaml").exists()
 
 
 # --- acceptance: two real pipeline runs with one change ----------------------------------------
