@@ -671,6 +671,49 @@ def test_inconclusive_runs_get_a_rerun_fragment_the_pipeline_takes(tmp_path: Pat
     assert not (out / "rerun.yaml").exists()
 
 
+# The on-demand loop on real records (tests/fixtures/diff-cpu-rerun, benchmarks/diff_cpu_runs.py
+# --rerun-fixture): mlp_128 of two A/A folders and of the 20% delay, with three processes, and
+# the records of its rerun with ten (processes run one after another, so following an advice of
+# N processes is the rerun's first N records).
+CPU_RERUN = REPO / "tests" / "fixtures" / "diff-cpu-rerun"
+
+
+def followed(folder: str, advice: Path, dest: Path) -> Path:
+    """The folder as a user holds it after running ``advice`` (a rerun.yaml) on it."""
+    keys = yaml.safe_load(advice.read_text())
+    shutil.copytree(CPU_RERUN / folder, dest)
+    for run in keys["select"]:
+        timing = dest / run / "timing"
+        shutil.rmtree(timing)
+        timing.mkdir()
+        for i in range(keys["timing"]["repeats"]):
+            shutil.copy(CPU_RERUN / "rerun" / folder / run / "timing" / f"r{i}.json", timing)
+    return dest
+
+
+def test_following_the_rerun_advice_judges_the_runs(tmp_path: Path) -> None:
+    """Inconclusive with three processes, the pairs are judged once the advice is followed
+    (at most 10 processes): the A/A pair asks for 5, still spreads too much with them and asks
+    for more, and reads within noise with 10; the 20% delay reads slower by 35% with 10."""
+    rounds: dict[tuple[str, str], list[str]] = {}
+    for old, new in (("aa1", "aa3"), ("aa3", "d20")):
+        sides = (CPU_RERUN / old, CPU_RERUN / new)
+        readings = rounds.setdefault((old, new), [])
+        for i in range(3):
+            out = tmp_path / f"{old}-{new}-{i}"
+            diff.write_diff(*sides, out, max_repeats=10)
+            row = pd.read_csv(out / "runs.csv").set_index("run").loc["mlp_128"]
+            readings.append(f"{row['verdict']} @{row['old_processes']}+{row['new_processes']}")
+            if not (out / "rerun.yaml").exists():
+                break
+            sides = (followed(old, out / "rerun.yaml", out / "old"),
+                     followed(new, out / "rerun.yaml", out / "new"))
+    assert rounds[("aa1", "aa3")] == ["inconclusive @3+3", "inconclusive @5+5",
+                                      "within noise @10+10"]
+    assert rounds[("aa3", "d20")] == ["inconclusive @3+3", "slower @10+10"]
+    assert row["change_pct"] == pytest.approx(34.7, abs=0.1)
+
+
 # --- acceptance: two real pipeline runs with one change ----------------------------------------
 # The sleep workload makes the change certain: every step of `step` sleeps 80 ms on the old
 # side and 10 ms on the new one (the new side's steps would have to wake up 70 ms late to
