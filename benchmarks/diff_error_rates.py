@@ -2,6 +2,7 @@
 
     python benchmarks/diff_error_rates.py [OLD NEW]     # recorded runs, changes applied to NEW
     python benchmarks/diff_error_rates.py --runs WORKDIR   # real CPU runs with known delays
+    python benchmarks/diff_error_rates.py --on-demand WORKDIR   # the same, after the reruns
 
 Recorded runs: OLD and NEW are two results folders of the same config on the same GPU and
 software (by default the two published runs of the standard config on one H100:
@@ -15,6 +16,12 @@ three times (three A/A folder pairs) and with 5%, 10% and 20% delays (each again
 folder), every pair diffed by ``python -m analysis diff`` as a user runs it; its runs.csv is
 what is counted.
 
+On demand (``--on-demand``): the same pairs after ``diff_cpu_runs.py --rerun`` followed each
+pair's ``rerun.yaml``: a pair whose diff asked for N processes of some runs is diffed again
+with those runs' first N rerun records on both sides, its other runs as they were (three
+processes); the rates are over all pairs, and the runs that stay inconclusive are named with
+their process counts.
+
 Counted, at the default threshold: on A/A pairs any ``slower`` or ``faster`` is a false
 verdict; on a known slowdown ``slower`` is a detection, over all pairs and over the
 *judgeable* ones (noise floor at the threshold, so not ``inconclusive``).
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +54,7 @@ from analysis.outputs.diff_noise import (  # noqa: E402
 )
 from analysis.outputs.diff_verdicts import DEFAULT_THRESHOLD_PCT, side_stats  # noqa: E402
 from analysis.outputs.runs import OK  # noqa: E402
+from benchmarks.diff_cpu_runs import folder_pairs  # noqa: E402
 
 DEFAULT = (REPO / "tests/fixtures/published/h100-standard-efb5638",
            REPO / "published/h100/standard")
@@ -133,10 +142,13 @@ def results(workdir: Path, folder: str) -> Path:
 
 def diff_runs(workdir: Path, old: str, new: str, scratch: Path) -> pd.DataFrame:
     """runs.csv of ``python -m analysis diff`` OLD NEW (runs ok on both sides)."""
-    out = scratch / f"{old}-{new}"
-    subprocess.run([sys.executable, "-m", "analysis", "diff", str(results(workdir, old)),
-                    str(results(workdir, new)), "-o", str(out)], cwd=REPO, check=True,
-                   capture_output=True)
+    return diff_folders(results(workdir, old), results(workdir, new), scratch / f"{old}-{new}")
+
+
+def diff_folders(old: Path, new: Path, out: Path) -> pd.DataFrame:
+    """runs.csv of ``python -m analysis diff OLD NEW -o OUT``, the runs ok on both sides."""
+    subprocess.run([sys.executable, "-m", "analysis", "diff", str(old), str(new), "-o",
+                    str(out)], cwd=REPO, check=True, capture_output=True)
     runs = pd.read_csv(out / "runs.csv")
     return runs[(runs["presence"] == "both") & (runs["status"] == OK)]
 
@@ -169,9 +181,55 @@ def real_runs(workdir: Path) -> None:
                 print(f"  {delay:.0%} delay, {kind}: {tally.power_line()}")
 
 
+# --- on demand: the pairs after following their rerun.yaml -----------------------------------
+
+
+def rerun_view(workdir: Path, folder: str, keys: dict | None, dest: Path) -> Path:
+    """The folder as a user holds it after following ``keys`` (a pair's rerun.yaml): its
+    three-process results, the selected runs' timing replaced by the first ``repeats`` records
+    of the rerun (diff_cpu_runs.py --rerun ran them one after another)."""
+    shutil.copytree(workdir / folder / "results-3", dest)
+    for run in (keys or {}).get("select", []):
+        timing, rerun = dest / run / "timing", workdir / folder / "results" / run / "timing"
+        shutil.rmtree(timing)
+        timing.mkdir()
+        for i in range(keys["timing"]["repeats"]):  # fails loudly if the rerun has fewer
+            shutil.copy(rerun / f"r{i}.json", timing / f"r{i}.json")
+    return dest
+
+
+def on_demand(workdir: Path) -> None:
+    """Print the rates over all pairs after each pair's rerun, and what stays inconclusive."""
+    manifest = json.loads((workdir / "manifest.json").read_text())
+    advice, cap = manifest["on_demand"]["advice"], manifest["on_demand"]["max_repeats"]
+    print(f"{workdir}: on demand (rerun.yaml followed, at most {cap} processes); "
+          f"threshold {THRESHOLD:.0%}")
+    frames: dict[str, list[pd.DataFrame]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for old, new in folder_pairs(manifest):
+            keys, pair = advice[f"{old}-{new}"], Path(scratch) / f"{old}-{new}"
+            runs = diff_folders(rerun_view(workdir, old, keys, pair / "old"),
+                                rerun_view(workdir, new, keys, pair / "new"), pair / "diff")
+            kind = "A/A" if new in manifest["aa"] else f"{manifest['delayed'][new]:.0%} delay"
+            frames.setdefault(kind, []).append(runs.assign(pair=f"{old}-{new}"))
+    for kind, runs in frames.items():
+        hit = (SLOWER, FASTER) if kind == "A/A" else (SLOWER,)
+        for part, tally in tally_runs(runs, hit).items():
+            print(f"  {kind}, {part}: "
+                  f"{tally.false_line() if kind == 'A/A' else tally.power_line()}")
+        left = pd.concat(runs).query("verdict == @INCONCLUSIVE")
+        print(f"  {kind}, still inconclusive: {len(left)}: " + (", ".join(
+            f"{r.pair} {r.run} ({r.old_processes}+{r.new_processes} processes, needs "
+            f"{'>100' if pd.isna(r.processes_needed) else int(r.processes_needed)})"
+            for r in left.itertuples()) or "none"))
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--runs"]:
         real_runs(Path(argv[1]))
+        return 0
+    if argv[:1] == ["--on-demand"]:
+        on_demand(Path(argv[1]))
         return 0
     old, new = (Path(p) for p in argv) if len(argv) == 2 else DEFAULT
     recorded(old, new)

@@ -33,7 +33,7 @@ from PIL import Image
 from timing_records import normal_processes, write_timing
 
 from analysis.metrics.timing import summarize
-from analysis.outputs import diff, style
+from analysis.outputs import diff, diff_rerun, style
 from analysis.outputs.diff_noise import (
     MAX_PROCESSES,
     Side,
@@ -607,6 +607,111 @@ def test_cpu_runs_known_delays_are_slower(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     named = done.stderr.strip().splitlines()[-1].removeprefix("slower by more than 5%: ")
     assert set(SLEEP_RUNS) <= set(named.split(", ")), done.stderr
+
+
+def cpu_runs_config(folder: Path, out: Path) -> Path:
+    """The config the CPU runs were made with (their plan.json's runs, as a user's config
+    names them), for the fixture's runs."""
+    plan = json.loads((folder / "plan.json").read_text())
+    runs = {name: {**plan["runs"][name]["params"], "profile": False}
+            for name in [*SLEEP_RUNS, *MLP_RUNS]}
+    config = {"results": "results", "calibrate": False, "container": {"variant": "cpu"},
+              "timing": {"repeats": 3}, "runs": runs}
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def test_rerun_advice_caps_names_pairs_and_skips_what_has_enough() -> None:
+    """The advice from runs.csv's columns: the largest need, capped; a --pair row selects
+    both its names; a run whose sides already have the capped count is left out; nothing to
+    rerun, no advice."""
+    runs = pd.DataFrame({
+        "run": ["a", "old_b=new_b", "c", "d", "e"],
+        "presence": ["both"] * 4 + ["old_only"],
+        "verdict": ["inconclusive", "inconclusive", "inconclusive", "within noise", None],
+        "processes_needed": [7, None, 30, None, None],
+        "old_processes": [3, 3, 12, 3, None], "new_processes": [3, 3, 12, 3, None]})
+    advice = diff_rerun.advice(runs, max_repeats=12)
+    assert advice.repeats == 12 and advice.select == ["a", "old_b", "new_b"]
+    assert advice.needs == {"a": 7, "old_b=new_b": None} and advice.capped == ["old_b=new_b"]
+    assert advice.left_out == ["c"]
+    assert diff_rerun.advice(runs.iloc[:1], max_repeats=12).repeats == 7
+    assert diff_rerun.advice(runs.iloc[2:], max_repeats=12) is None
+
+
+def test_inconclusive_runs_get_a_rerun_fragment_the_pipeline_takes(tmp_path: Path) -> None:
+    """A/A CPU folders: the MLP runs are inconclusive, and the diff writes rerun.yaml, the
+    config fragment that reruns exactly them with the processes that would judge them (their
+    largest `processes_needed`, capped by --max-repeats) and says so on the console and in
+    summary.md. The pipeline takes it as a second --configfile: a dry run of the runs' own
+    config and the fragment, as the advice says (--forcerun time_run: this copy has no
+    Snakemake records), plans the timing jobs of those runs only. A diff with nothing
+    inconclusive (a 1000% threshold) leaves no rerun.yaml behind."""
+    out = tmp_path / "diff"
+    done = cli(CPU_RUNS / "aa1", CPU_RUNS / "aa2", "-o", out, "--max-repeats", 12)
+    assert done.returncode == 0, done.stderr
+    runs = pd.read_csv(out / "runs.csv").set_index("run")
+    unjudged = runs[runs["verdict"] == "inconclusive"]
+    keys = yaml.safe_load((out / "rerun.yaml").read_text())
+    assert sorted(keys["select"]) == sorted(unjudged.index) == sorted(MLP_RUNS)
+    needs = unjudged["processes_needed"].fillna(MAX_PROCESSES + 1)
+    assert keys["timing"] == {"repeats": int(min(12, needs.max()))}
+    assert f"with {keys['timing']['repeats']} timing processes a side" in done.stdout
+    assert f"--configfile CONFIG {out / 'rerun.yaml'} --forcerun time_run" in done.stdout
+    assert "`rerun.yaml` (beside this file) reruns 2 of them" in (out / "summary.md").read_text()
+    work = tmp_path / "work"
+    shutil.copytree(CPU_RUNS / "aa1", work / "results")
+    config = cpu_runs_config(CPU_RUNS / "aa1", tmp_path / "config.yaml")
+    planned = snakemake(work, "-n", "--cores", "2", "--configfile", str(config),
+                        str(out / "rerun.yaml"), "--forcerun", "time_run", "--",
+                        "results/summary.csv")
+    jobs = re.findall(r"rule time_run:.*?wildcards: run=(\w+)", planned.stdout, re.S)
+    assert sorted(jobs) == sorted(MLP_RUNS), planned.stdout
+    diff.write_diff(CPU_RUNS / "aa1", CPU_RUNS / "aa2", out, threshold_pct=1000)
+    assert not (out / "rerun.yaml").exists()
+
+
+# The on-demand loop on real records (tests/fixtures/diff-cpu-rerun, benchmarks/diff_cpu_runs.py
+# --rerun-fixture): mlp_128 of two A/A folders and of the 20% delay, with three processes, and
+# the records of its rerun with ten (processes run one after another, so following an advice of
+# N processes is the rerun's first N records).
+CPU_RERUN = REPO / "tests" / "fixtures" / "diff-cpu-rerun"
+
+
+def followed(folder: str, advice: Path, dest: Path) -> Path:
+    """The folder as a user holds it after running ``advice`` (a rerun.yaml) on it."""
+    keys = yaml.safe_load(advice.read_text())
+    shutil.copytree(CPU_RERUN / folder, dest)
+    for run in keys["select"]:
+        timing = dest / run / "timing"
+        shutil.rmtree(timing)
+        timing.mkdir()
+        for i in range(keys["timing"]["repeats"]):
+            shutil.copy(CPU_RERUN / "rerun" / folder / run / "timing" / f"r{i}.json", timing)
+    return dest
+
+
+def test_following_the_rerun_advice_judges_the_runs(tmp_path: Path) -> None:
+    """Inconclusive with three processes, the pairs are judged once the advice is followed
+    (at most 10 processes): the A/A pair asks for 5, still spreads too much with them and asks
+    for more, and reads within noise with 10; the 20% delay reads slower by 35% with 10."""
+    rounds: dict[tuple[str, str], list[str]] = {}
+    for old, new in (("aa1", "aa3"), ("aa3", "d20")):
+        sides = (CPU_RERUN / old, CPU_RERUN / new)
+        readings = rounds.setdefault((old, new), [])
+        for i in range(3):
+            out = tmp_path / f"{old}-{new}-{i}"
+            diff.write_diff(*sides, out, max_repeats=10)
+            row = pd.read_csv(out / "runs.csv").set_index("run").loc["mlp_128"]
+            readings.append(f"{row['verdict']} @{row['old_processes']}+{row['new_processes']}")
+            if not (out / "rerun.yaml").exists():
+                break
+            sides = (followed(old, out / "rerun.yaml", out / "old"),
+                     followed(new, out / "rerun.yaml", out / "new"))
+    assert rounds[("aa1", "aa3")] == ["inconclusive @3+3", "inconclusive @5+5",
+                                      "within noise @10+10"]
+    assert rounds[("aa3", "d20")] == ["inconclusive @3+3", "slower @10+10"]
+    assert row["change_pct"] == pytest.approx(34.7, abs=0.1)
 
 
 # --- acceptance: two real pipeline runs with one change ----------------------------------------

@@ -16,6 +16,8 @@ Where each number comes from (docs/timing.md):
   time, against ``memory_gbps_reference`` (``analysis/metrics/roofline.py``);
 * ``batch_from``, ``max_batch_*`` (runs with ``batch: max``): the search's result
   (``<run>/maxbatch.json``, analysis/outputs/maxbatch.py); ``batch`` is the batch it found;
+* the run's parameters, one column each (``kwargs`` flattened as ``kwargs_<key>``); one named
+  like a measured column is ``param_<name>`` (the sleep workload's ``param_step_ms``);
 * ``selected``: false for a run that this invocation's ``select`` left out, summarized from
   the records an earlier invocation left (every finished run of the config has its row);
 * ``flags``: why a number could mislead: ``unstable`` (CI half-width over the threshold),
@@ -62,6 +64,8 @@ FIRST = [
     "profiler_overhead", "tokens_per_s", "samples_per_s", "tflops", "mfu", "mfu_measured_peak",
     "peak_memory_gib", "peak_reserved_gib", "peak_memory_bytes", "compile_s",
 ]  # fmt: skip
+# The measured columns: no parameter of the same name may overwrite one (param_columns).
+MEASURED = frozenset(FIRST) - {"run", "workload"}
 GIB = 1024**3
 # Integer columns that may have empty cells: written as 353, not 353.0.
 WHOLE_NUMBERS = ("batch", "max_batch_oom_batch")
@@ -178,7 +182,7 @@ def run_row(
     row.update({k: info[k] for k in ("ladder", "ladder_group", "rung_index", "rung") if k in info})
     row["profiled"] = bool(info.get("profile", True))
     row["ops"] = info.get("ops", False)
-    row.update(flatten("", info["params"]))
+    row.update(param_columns(info["params"]))
     row.update(max_batch_columns(results / run, info, first))  # batch: max runs
     row.update(flatten("", {k.replace(".", "_"): v for k, v in metrics.items()
                             if k not in ("status", "message")}))
@@ -193,6 +197,14 @@ def run_row(
     row["provenance_driver"] = (first.get("gpu_state") or {}).get("driver_version")
     row["flags"] = ";".join(_flags(row, timing))  # last: the capture's metrics can raise one
     return row
+
+
+def param_columns(params: dict[str, Any]) -> dict[str, Any]:
+    """The run's parameters as columns; one named like a measured column (the sleep
+    workload's ``step_ms``, the step it asks for) becomes ``param_<name>``, so the measurement
+    keeps its column whether or not the run finished."""
+    return {(f"param_{key}" if key in MEASURED else key): value
+            for key, value in flatten("", params).items()}
 
 
 def peak_memory_columns(records: list[dict[str, Any]]) -> dict[str, Any]:

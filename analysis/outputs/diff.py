@@ -2,7 +2,7 @@
 categories and NVTX ranges that account for the change.
 
     python -m analysis diff OLD NEW -o DIR [--threshold PCT] [--fail-on-slower PCT]
-                                           [--pair OLD_RUN=NEW_RUN ...]
+                                           [--pair OLD_RUN=NEW_RUN ...] [--max-repeats N]
 
 OLD and NEW are results folders: a fresh ``results/`` (``<run>/timing/r<i>.json``,
 ``<run>/times.json``, ``<run>/stats/*.csv``) or a published one (``<sub>/runs/<run>/`` holding
@@ -23,7 +23,9 @@ percent; 2 on unusable input (not a results folder, no summary.csv, no run in co
 one-line ``error:`` on stderr.
 
 Writes to DIR: ``runs.csv``, ``provenance.csv``, ``categories.csv``, ``kernels.csv``,
-``ranges.csv``, ``modules.csv``, ``summary.md`` (a pull-request comment) and ``ratios.png``.
+``ranges.csv``, ``modules.csv``, ``summary.md`` (a pull-request comment), ``ratios.png``, and
+``rerun.yaml`` when runs are inconclusive: the config fragment that reruns them on each side
+with the timing processes that would judge them (``diff_rerun``; at most ``--max-repeats``).
 
 This module is the command and what it writes; its parts, one job each: reading a side
 (``diff_load``), matching runs, verdicts and explanations (``diff_verdicts``, the rule in
@@ -38,9 +40,11 @@ import traceback
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from analysis.outputs.diff_load import UnusableInput
 from analysis.outputs.diff_markdown import DEFAULT_TOP, headline, markdown
+from analysis.outputs.diff_rerun import COMMAND, DEFAULT_MAX_REPEATS, FILE, write_rerun
 from analysis.outputs.diff_verdicts import (
     DEFAULT_THRESHOLD_PCT,
     compare,
@@ -56,7 +60,7 @@ __all__ = ["DEFAULT_THRESHOLD_PCT", "DEFAULT_TOP", "UnusableInput", "add_argumen
 def write_diff(
     old: Path, new: Path, outdir: Path, fail_on_slower: float | None = None,
     threshold_pct: float = DEFAULT_THRESHOLD_PCT, top: int = DEFAULT_TOP,
-    pairs: dict[str, str] | None = None,
+    pairs: dict[str, str] | None = None, max_repeats: int = DEFAULT_MAX_REPEATS,
 ) -> int:
     """Write the CSVs, summary.md and ratios.png; 1 when ``fail_on_slower`` (percent) is set
     and a run is ``slower`` by more than that, else 0. Raises :class:`UnusableInput` (exit
@@ -66,12 +70,13 @@ def write_diff(
 
     diff = compare(Path(old), Path(new), threshold_pct, pairs)
     outdir.mkdir(parents=True, exist_ok=True)
+    rerun = write_rerun(diff.runs, outdir, diff.threshold, max_repeats)
     diff.runs.to_csv(outdir / "runs.csv", index=False)
     diff.provenance.to_csv(outdir / "provenance.csv", index=False)
     for part, key in (("categories", "category"), ("kernels", "kernel"), ("ranges", "range"),
                       ("modules", "module")):
         explanation_csv(diff, part, key).to_csv(outdir / f"{part}.csv", index=False)
-    (outdir / "summary.md").write_text(markdown(diff, top))
+    (outdir / "summary.md").write_text(markdown(diff, top, rerun))
     plot_ratios(diff.runs, outdir / "ratios.png")
     if fail_on_slower is None:
         return 0
@@ -97,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", action="append", default=[], metavar="OLD=NEW",
                         help="also compare run OLD of the old folder with run NEW of the new "
                         "one (repeatable), e.g. a run renamed between the two")
+    parser.add_argument("--max-repeats", type=int, default=DEFAULT_MAX_REPEATS, metavar="N",
+                        help="most timing processes rerun.yaml asks for, for the runs that "
+                        f"are inconclusive (default {DEFAULT_MAX_REPEATS})")
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -113,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         pairs = dict(_pair(p) for p in args.pair)
         code = write_diff(args.old, args.new, args.outdir, args.fail_on_slower,
-                          args.threshold, args.top, pairs)
+                          args.threshold, args.top, pairs, args.max_repeats)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -124,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     runs = pd.read_csv(args.outdir / "runs.csv")
     print(f"wrote {args.outdir}: {headline(runs)}")
+    rerun = args.outdir / FILE
+    if rerun.is_file():  # the advice, one step to follow
+        keys = yaml.safe_load(rerun.read_text())
+        print(f"{len(keys['select'])} run(s) to rerun with {keys['timing']['repeats']} timing "
+              f"processes a side: {COMMAND.format(config='CONFIG', fragment=rerun)} on each "
+              "side (CONFIG: the side's config), then diff again")
     for presence, title in (("old_only", "only in old"), ("new_only", "only in new")):
         names = list(runs.loc[runs["presence"] == presence, "run"])
         if names:

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.outputs.diff_noise import FASTER, INCONCLUSIVE, MAX_PROCESSES, SLOWER, VERDICTS
+from analysis.outputs.diff_rerun import COMMAND, FILE, Rerun
 from analysis.outputs.diff_verdicts import STEP_KINDS, Diff, Explanation
 from analysis.outputs.runs import OK
 
@@ -36,13 +37,13 @@ def _cell(text: object, width: int = 60) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def markdown(diff: Diff, top: int = DEFAULT_TOP) -> str:
-    """The pull-request comment: provenance differences, then per-run verdicts, then what
-    explains each changed run."""
+def markdown(diff: Diff, top: int = DEFAULT_TOP, rerun: Rerun | None = None) -> str:
+    """The pull-request comment: provenance differences, then per-run verdicts (and the rerun
+    that would judge the inconclusive ones), then what explains each changed run."""
     lines = [f"## profbench diff: `{diff.old}` → `{diff.new}`", "",
              headline(diff.runs, bold=True), ""]
     lines += _provenance_md(diff.provenance) + _timing_source_md(diff.runs)
-    lines += _runs_md(diff.runs, diff.threshold) + _one_sided_md(diff.runs)
+    lines += _runs_md(diff.runs, diff.threshold, rerun) + _one_sided_md(diff.runs)
     for run, exp in diff.explanations.items():
         row = diff.runs.set_index("run").loc[run]
         lines += _explanation_md(run, row, exp, top)
@@ -111,7 +112,7 @@ def _peak_md(r: Any) -> str:
     return f"{old:.2f} → {new:.2f} ({(new / old - 1) * 100:+.0f}%)"
 
 
-def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
+def _runs_md(runs: pd.DataFrame, threshold: float, rerun: Rerun | None) -> list[str]:
     both = runs[runs["presence"] == "both"]
     rows = []
     for r in both.itertuples():
@@ -140,25 +141,26 @@ def _runs_md(runs: pd.DataFrame, threshold: float) -> list[str]:
             "threshold would have cleared the floor) or `inconclusive` (the floor is above the "
             "threshold: the run cannot show a change of the threshold's size).")
     return ["### Step time per run", "", *_table(header, rows), "", note, "",
-            *_inconclusive_md(both, threshold)]
+            *_inconclusive_md(both, threshold, rerun)]
 
 
-def _inconclusive_md(both: pd.DataFrame, threshold: float) -> list[str]:
-    """What would make the inconclusive runs judgeable: more timing processes."""
+def _inconclusive_md(both: pd.DataFrame, threshold: float, rerun: Rerun | None) -> list[str]:
+    """What would make the inconclusive runs judgeable: more timing processes, as rerun.yaml
+    has them."""
     runs = both[both["verdict"] == INCONCLUSIVE]
     if runs.empty:
         return []
-    known = runs["processes_needed"].dropna()
-    said = []
-    if len(known):
-        said.append(f"both sides rerun with `timing: {{repeats: {int(known.max())}}}` would "
-                    f"judge {len(known)} of them (`processes_needed` per run in runs.csv)")
-    if len(known) < len(runs):
-        said.append(f"{len(runs) - len(known)} would need more than {MAX_PROCESSES} "
-                    "processes (their steps scatter: more steps per process)")
-    return [f"**{len(runs)} inconclusive**: their processes spread (or their steps scatter) "
-            f"too much to show a {threshold:.0%} change; " + "; ".join(said) + ". Or "
-            "compare at a larger `--threshold`.", ""]
+    said = [f"**{len(runs)} inconclusive**: their processes spread (or their steps scatter) "
+            f"too much to show a {threshold:.0%} change."]
+    if rerun is not None:
+        said.append(f"`{FILE}` (beside this file) reruns {len(rerun.needs)} of them with "
+                    f"`timing: {{repeats: {rerun.repeats}}}`: on each side, "
+                    f"`{COMMAND.format(config='CONFIG', fragment=FILE)}` with the side's "
+                    "config, then diff again.")
+        if rerun.capped:
+            said.append(f"{len(rerun.capped)} need more than {rerun.repeats} processes "
+                        "(`processes_needed` in runs.csv) and may stay inconclusive.")
+    return [" ".join(said) + " Or compare at a larger `--threshold`.", ""]
 
 
 def _ci_ms(ms: float, low: float, high: float) -> str:

@@ -44,7 +44,8 @@ seen. **within noise**: its noise floor is the threshold, so a change larger tha
 threshold would have cleared it. **inconclusive**: the floor is above the threshold (the
 processes spread, or the steps scatter, too much for three processes to show a change of the
 threshold's size); :func:`processes_needed` estimates the timing processes a side would need
-(``timing: {repeats: N}``) to bring the floor down to the threshold.
+(``timing: {repeats: N}``) to bring the floor down to the threshold, and
+:mod:`analysis.outputs.diff_rerun` writes the config fragment that reruns those runs so.
 
 Measured on the two published runs of the standard config on one H100 (90 A/A pairs of
 three processes each) and on repeated CPU pipeline runs with known delays: docs/diff.md
