@@ -5,7 +5,11 @@ most 24 MB; and the README's headline numbers read from one folder."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -124,3 +128,27 @@ def test_a_config_without_ladders_draws_its_runs_over_the_commits(tmp_path: Path
     counts = history[history["status"] == "ok"].groupby("run")["commit"].nunique()
     assert set(repeated["run"]) == set(counts[counts > 1].index) != set()
     assert style.has_data(plot_history(history, tmp_path / "history.png"))
+
+
+def test_publish_leaves_out_captures_logs_and_named_runs(tmp_path: Path) -> None:
+    """scripts/publish.sh on a real H100 results folder, one ladder rung left out: the plan, the
+    comparisons, the summary and the ladder are made again without it."""
+    source = tmp_path / "results"
+    shutil.copytree(REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d", source)
+    (source / "logs").mkdir()
+    (source / "logs" / "plan.log").write_text("a job log\n")
+    dest, dropped = tmp_path / "published", "gpt_train_small_1_bf16"
+    subprocess.run(["bash", str(REPO / "scripts" / "publish.sh"), str(source), str(dest), dropped],
+                   check=True, capture_output=True, env={**os.environ, "PYTHON": sys.executable})
+    assert not (dest / dropped).exists() and not (dest / "logs").exists()
+    assert not list(dest.rglob("*.sqlite")) and not (dest / "report.html").exists()
+    plan = json.loads((dest / "plan.json").read_text())
+    assert dropped not in plan["runs"] and plan["left_out"] == [dropped]
+    assert all(dropped not in (c["a"], c["b"]) for c in plan["comparisons"])
+    summary = pd.read_csv(dest / "summary.csv")
+    kept = pd.read_csv(source / "summary.csv")
+    assert set(summary["run"]) == set(kept["run"]) - {dropped}
+    assert summary.set_index("run")["step_ms"].equals(
+        kept.set_index("run").drop(dropped)["step_ms"].loc[summary["run"]])
+    assert dropped not in set(pd.read_csv(dest / "ladders" / "gpt_train_small.csv")["run"])
+    assert (dest / "SUMMARY.md").exists() and (dest / "overview.html").exists()
