@@ -393,3 +393,30 @@ def run_exports(wildcards):
     if ranks:
         return [f"{run}/profile.rank{r}.sqlite" for r in range(ranks)]
     return [f"{run}/profile.sqlite"]
+
+
+# `batch: max` (docs/workloads.md, "The largest batch that fits"): the run's search, one guarded
+# job of one GPU before its other jobs, each batch tried in its own process
+# (workloads/maxbatch.py); its result is the run's maxbatch.json, which the run's timing
+# processes, capture and memory capture read their batch from (--batch_from, pipeline/config.py:
+# Plan.workload_args). A search without a batch leaves its status there: each of those
+# processes then writes it as the run's failed record.
+from workloads import maxbatch as _maxbatch  # noqa: E402
+
+MAX_BATCH = PLAN.max_batch
+
+
+def max_batch_input(wildcards):
+    """A `batch: max` run's search result, which its jobs wait for; nothing for other runs."""
+    return PLAN.max_batch_result(wildcards.run) if wildcards.run in MAX_BATCH else []
+
+
+def max_batch_timeout_s(wildcards) -> int:
+    """The search job's limit: the run's (timeout_min) for each process it may run."""
+    return TIMEOUT_S * _maxbatch.most_processes(MAX_BATCH[wildcards.run]["bound"])
+
+
+def max_batch_job_runtime(wildcards, attempt) -> int:
+    """Wall time (minutes) of a search job: a GPU job's for each process it may run."""
+    processes = _maxbatch.most_processes(MAX_BATCH[wildcards.run]["bound"])
+    return processes * gpu_job_runtime(wildcards, attempt)

@@ -149,6 +149,8 @@ RESULT_KEYS = {
     "peak_allocated_bytes",
     "peak_reserved_bytes",
     "cuda_graph_pool_bytes",
+    # the capture's check that it ran the timed graphs (aggregate's capture_recompiled)
+    "dynamo_graphs",
 }
 # a model's record (the GPT's step is built as any model's): its layers, its ranges' depth
 MODEL_KEYS = {"structure", "module_depth"}

@@ -345,9 +345,7 @@ class Record:
             self.result["module_depth"] = workload.module_depth
         if workload.float8 is not None:
             self.result["float8"] = workload.float8
-        graphs = dynamo_graphs()
-        if graphs is not None:
-            self.result["dynamo_graphs"] = graphs
+        self.result["dynamo_graphs"] = dynamo_graphs()
 
     def write(self) -> None:
         process_state.mark(self.result["process"], "written")
