@@ -33,6 +33,7 @@ compiled on its own get no hooks at all (:func:`module_paths`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import nvtx
@@ -48,7 +49,7 @@ def recomputing() -> bool:
 
 
 def module_paths(model: nn.Module, depth: int,
-                 compiled: list[nn.Module] = ()) -> list[tuple[str, nn.Module]]:
+                 compiled: Sequence[nn.Module] = ()) -> list[tuple[str, nn.Module]]:
     """(path, module) of every named module of at most ``depth`` path components (the root,
     whose range would be the forward pass itself, excluded); each module once. Nothing inside
     a ``compiled`` region (each compiled on its own: ``compile_blocks`` regional or once): a
@@ -134,7 +135,7 @@ def _grad_tensors(values: Any) -> list[torch.Tensor]:
 class ModuleRanges:
     """The hooks of one model; ``remove()`` takes them off."""
 
-    def __init__(self, model: nn.Module, depth: int, compiled: list[nn.Module] = ()) -> None:
+    def __init__(self, model: nn.Module, depth: int, compiled: Sequence[nn.Module] = ()) -> None:
         self.open_calls: set[_Call] = set()
         self.handles: list[Any] = []
         hooked = module_paths(model, depth, compiled)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +140,7 @@ def gpu_flags(timing: Timing) -> list[str]:
 
 
 def traced_columns(times: dict[str, Any] | None, step_ms: float | None,
-                   timed: list[dict[str, Any]] = ()) -> dict[str, Any]:
+                   timed: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     if not times or times.get("status", OK) != OK or not step_times(times):
         return {}
     traced = statistics.median(step_times(times))
@@ -150,7 +151,7 @@ def traced_columns(times: dict[str, Any] | None, step_ms: float | None,
     }
 
 
-def graph_columns(times: dict[str, Any], timed: list[dict[str, Any]]) -> dict[str, Any]:
+def graph_columns(times: dict[str, Any], timed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The graphs torch.compile made in the capture and in the timing processes (their most):
     more in the capture is a capture that recompiled, whose kernels are not the timed ones."""
     captured = times.get("dynamo_graphs")
@@ -282,7 +283,8 @@ def _flags(row: dict[str, Any], timing: Timing) -> list[str]:
     flags += host_flags(row.get("host_bound_share"), row.get("cpu_probe_spread"))
     if (row.get("profiler_overhead") or 0) > HIGH_OVERHEAD:
         flags.append("high_overhead")
-    if (row.get("dynamo_graphs_traced") or 0) > (row.get("dynamo_graphs_timed") or float("inf")):
+    traced, timed = row.get("dynamo_graphs_traced"), row.get("dynamo_graphs_timed")
+    if traced is not None and timed is not None and traced > timed:
         flags.append("capture_recompiled")
     if not empty_cell(row.get("module_attribution_suspect")):
         flags.append("module_attribution_suspect")
