@@ -344,8 +344,8 @@ def allocator_view(
     )
     trace = _allocations(snapshot, device)
     curve = replay(trace, start_bytes)
-    host_clock = clock_origin(curve, started_us) == started_us
-    started_us = clock_origin(curve, started_us)
+    origin = clock_origin(curve, started_us)
+    host_clock, started_us = origin == started_us, origin
     owners_by_ptr = category_owners(owners, grads_before, observer.saved)
     peak_at = max(range(len(curve)), key=lambda i: curve[i][1]) if curve else None
     live = live_after(live_at_start, trace, peak_at)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from analysis.outputs.finding_base import SUMMARY, Context, Finding, Fix, recommend
+from analysis.outputs.memory import CATEGORIES  # the memory view's, at the peak
 
 # Half the peak in activations: checkpointing frees most of them, so the peak can fall by a
 # third or more (it keeps one input per layer and the largest layer's recomputation).
@@ -36,8 +37,6 @@ CHECKPOINT = Fix("activation checkpointing (checkpoint: layers)", {"checkpoint":
 MIN_SAVED = 0.2
 NO_CHECKPOINT = Fix("train without activation checkpointing (checkpoint: none)",
                     {"checkpoint": ("none", None)})
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-              "other")
 
 
 def activations_dominate_peak(ctx: Context, run: str) -> Iterator[Finding]:
