@@ -340,7 +340,7 @@ def test_compiled_fp8_layers_compose_with_master_weights() -> None:
 
 # Kernel names of real captures of torchao float8 training: Inductor's Triton kernels around
 # the GEMMs and cuBLAS's FP8 GEMMs (torch.profiler, an sm89 GPU, torch.compile), cuBLAS's and
-# cuBLASLt's FP8 GEMMs on Hopper (sm90: `aten::_scaled_mm` dispatching nvjet `qq` kernels).
+# cuBLASLt's FP8 GEMMs on Hopper (sm90: `aten::_scaled_mm` dispatching nvjet `qq`/`qr` kernels).
 FP8_GEMMS = (
     "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128_cgasize1x2x1_stage4_"
     "gmmastage2_warpgroupsize1x1x1_tensor64x128x32",
@@ -349,6 +349,10 @@ FP8_GEMMS = (
     "sm89_xmma_gemm_e4m3e5m2bf16_e4m3e5m2f32_f32_tn_n_tilesize256x64x64_stage4_warpsize4x1x1_"
     "tensor16x8x32_execute_kernel__5x_cublas",
     "nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_ovscale_TNT",
+    # an H200 capture of the tensorwise 2.7B GPT (config/fp8.yaml): e4m3 x e5m2 in backward
+    "nvjet_sm90_qrtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT",
+    "nvjet_sm90_qrtst_144x128_128x6_1x2_h_bz_coopA_algo2_TNN",
+    "nvjet_sm90_qqtst_320x128_128x3_1x2_h_bz_coopB_TNT",
 )
 FP8_CASTS = (
     "triton_red_fused_abs_max_0",  # the amax of a dynamic scale

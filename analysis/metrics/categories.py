@@ -12,8 +12,9 @@ else from its name, ``triton_{poi,red,per,tem,for}_fused_<ops>_<n>``.  Per launc
 FP8 training (run key ``float8``, torchao) gets two categories of its own. ``FP8GEMM``: GEMMs
 on FP8 operands, by name: cuBLAS's ``sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_...`` (forward) and
 ``..._e4m3e5m2bf16_...`` (gradients in e5m2), cuBLASLt's ``nvjet_sm90_qqtst_...`` (``qq``:
-two FP8 operands; a bf16 one is ``nvjet_sm90_tst_...``), CUTLASS's row-wise kernel (its
-template names ``float_e4m3_t``), and an Inductor GEMM template over ``_scaled_mm``.
+two e4m3 operands; ``qr``: e4m3 and e5m2, the gradients' GEMMs; a bf16 one is
+``nvjet_sm90_tst_...``), CUTLASS's row-wise kernel (its template names ``float_e4m3_t``),
+and an Inductor GEMM template over ``_scaled_mm``.
 ``FP8Cast``: the scaling around them, torchao's dynamic scales as Inductor compiles them: the
 amax reduction (``abs`` and ``max`` in one reduction, e.g. ``triton_red_fused_abs_max_0``) and
 the scale-and-cast (``clamp`` to the FP8 range with the scale's ``reciprocal``, or feeding
@@ -67,7 +68,7 @@ _CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     # before GEMM: an FP8 GEMM is a GEMM (and a CUTLASS one) whose operands are e4m3/e5m2
     (
         "FP8GEMM",
-        r"nvjet_(?:sm\d+_)?qq|"
+        r"nvjet_(?:sm\d+_)?[qr][qr]|"
         r"(?:gemm|xmma|cutlass|matmul|wgmma|scaled_mm).*(?:e4m3|e5m2|float8|fp8|f8f8)|"
         r"(?:e4m3|e5m2|float8|fp8|f8f8).*(?:gemm|xmma|cutlass|matmul|wgmma|scaled_mm)",
     ),
