@@ -17,7 +17,10 @@ layers lose. Each rule compares an FP8 run with its bf16 twin, a finished run th
   run's GEMM share (what FP8 can speed up), the fix ``float8`` with the FP8 run's gain.
 
 Both titles give the cause from the two captures: GEMM ms per step in bf16 and in FP8, the
-casts' ms per step, M and the converted layers' K x N. Without both captures they say so.
+casts' ms per step, each run's GPU work per step, M and the converted layers' K x N; and,
+where the untraced step moved more by the host than by the GPU's work, the host (the GPU's
+wait per untraced step and the kernels launched per step, each run's). Without both captures
+they say so.
 findings.py's ``find_all`` runs :data:`FP8_RULES`.
 """
 
@@ -43,10 +46,7 @@ def is_fp8(params: dict[str, Any]) -> bool:
 
 def _ms_per_step(ctx: Context, run: str, category: str) -> float | None:
     """GPU ms per captured step of one kernel category (summary: category_time_ns_<cat>)."""
-    total, steps = ctx.cell(run, f"category_time_ns_{category}"), ctx.cell(run, "steps")
-    if total is None or not steps:
-        return None
-    return float(total) / 1e6 / float(steps)
+    return _per_step(ctx, run, f"category_time_ns_{category}", 1e-6)
 
 
 def _record(ctx: Context, run: str) -> dict[str, Any]:
@@ -60,9 +60,30 @@ def tokens_per_step(record: dict[str, Any]) -> int | None:
     return round(rate * mean_ms / 1e3) if rate and mean_ms else None
 
 
+def _per_step(ctx: Context, run: str, column: str, scale: float = 1.0) -> float | None:
+    """A capture's total (summary column) per captured step, times ``scale``."""
+    total, steps = ctx.cell(run, column), ctx.cell(run, "steps")
+    return float(total) * scale / float(steps) if total is not None and steps else None
+
+
+def host_wait(ctx: Context, run: str) -> float | None:
+    """ms of the untraced step not covered by the GPU's work: the untraced step time less the
+    captured GPU time per step (kernel durations barely change under tracing; the host's
+    launches do), where the GPU waits for the host, at least."""
+    step, gpu = ctx.cell(run, "step_ms"), _per_step(ctx, run, "kernel_time_ns", 1e-6)
+    return max(float(step) - gpu, 0.0) if step is not None and gpu is not None else None
+
+
 def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float | None]:
     """(the profile's account of the difference, the FP8 run's cast share of GPU time in %,
-    the share its FP8 GEMMs saved in %); the shares None without both captures."""
+    the share its FP8 GEMMs saved in %); the shares None without both captures.
+
+    The GPU's side: GEMM ms per step in bf16 and FP8, the casts' ms, and the whole GPU work per
+    step of each (casts also replace autocast's weight copies and absorb normalizations, so
+    GEMMs and casts alone do not sum to the change). Where the untraced step changed more by
+    the host than by the GPU's work (the GPU waits longer per step for the host than bf16's
+    did, by more than its work changed), the host is named as the cause, with the kernels each
+    launches per step."""
     record = _record(ctx, fp8)
     shapes = (record.get("float8") or {}).get("shapes") or []
     m = tokens_per_step(record)
@@ -74,16 +95,28 @@ def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float |
                f"({where})", None, None
     gemm16 = _ms_per_step(ctx, bf16, "GEMM")
     gemm8, other8 = _ms_per_step(ctx, fp8, "FP8GEMM"), _ms_per_step(ctx, fp8, "GEMM")
-    casts, kernels = _ms_per_step(ctx, fp8, "FP8Cast"), ctx.cell(fp8, "kernel_time_ns")
-    if None in (gemm16, gemm8, other8, casts) or not kernels:
+    casts = _ms_per_step(ctx, fp8, "FP8Cast")
+    gpu8, gpu16 = (_per_step(ctx, r, "kernel_time_ns", 1e-6) for r in (fp8, bf16))
+    if None in (gemm16, gemm8, other8, casts, gpu8, gpu16) or not gpu8:
         return f"no capture of both runs to say why ({where})", None, None
-    gpu8 = float(kernels) / 1e6 / float(ctx.cell(fp8, "steps"))
     saved = gemm16 - (gemm8 + other8)
-    text = (
+    gpu_text = (
         f"its FP8 GEMMs take {gemm8:.3g} ms/step (with {other8:.3g} ms of GEMMs left in "
         f"bf16) where bf16's took {gemm16:.3g} ms: {saved:.3g} ms saved, against "
-        f"{casts:.3g} ms/step of cast/scale kernels ({where})"
+        f"{casts:.3g} ms/step of cast/scale kernels; GPU work {gpu8:.4g} ms/step against "
+        f"bf16's {gpu16:.4g}"
     )
+    wait8, wait16 = host_wait(ctx, fp8), host_wait(ctx, bf16)
+    if wait8 is not None and wait16 is not None and wait8 - wait16 > max(gpu8 - gpu16, 0.0):
+        k8, k16 = (_per_step(ctx, r, "kernel_count") for r in (fp8, bf16))
+        kernels = f" while the host launches {k8:.0f} kernels per step (bf16: {k16:.0f})" \
+            if k8 and k16 else ""
+        text = (
+            f"the host holds the step: the GPU waits at least {wait8:.3g} ms of each untraced "
+            f"step (bf16: {wait16:.3g} ms){kernels}; on the GPU, {gpu_text} ({where})"
+        )
+    else:
+        text = f"{gpu_text} ({where})"
     return text, casts / gpu8 * 100, saved / gpu8 * 100
 
 
