@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # FP8 on one Hopper GPU, in one call: torchao's plain recipe (benchmarks/fp8_plain.py) on the
 # CS336 GPT 2.7B, then config/fp8.yaml through the pipeline (scripts/run-on-host.sh), the
-# 2.7B runs first (the batch-4 ladder, the sweep's batches 16 and 32), then the sweep's batch
-# 8 and the GPT small, GPT-2 and Llama ladders while time is left. Everything lands in ARCHIVE_DIR
-# (default $OUT): fp8_plain.json, the pipeline's results.tgz and fp8_vs_plain.json
-# (benchmarks/fp8_vs_plain.py); a second call with RESUME_DIR=<that folder> runs only what is
-# missing.
+# 2.7B runs first (the batch-4 ladder, the sweep's batches 16 and 32), then the whole-step
+# graph pairs, the sweep's batch 8 and the GPT small, GPT-2 and Llama ladders while time is
+# left. Everything lands in ARCHIVE_DIR (default $OUT): fp8_plain.json, the pipeline's
+# results.tgz and fp8_vs_plain.json (benchmarks/fp8_vs_plain.py); a second call with
+# RESUME_DIR=<that folder> runs only what is missing.
 #
 #   ARCHIVE_DIR=$OUT bash scripts/fp8-on-gpu.sh [TIME_LIMIT_S]     # default 480
 #
@@ -56,7 +56,7 @@ EOF
 }
 set -f  # the patterns are for Snakemake, not the shell
 for selection in "big gpt_fp8_2.7B_* fp8_sweep_2.7B_b16_* fp8_sweep_2.7B_b32_*" \
-  "rest fp8_sweep_2.7B_b8_* gpt_fp8_small_* gpt2_fp8_* llama_fp8_*"; do
+  "rest gpt_fp8_graph_* fp8_sweep_2.7B_b8_* gpt_fp8_small_* gpt2_fp8_* llama_fp8_*"; do
   left=$(( limit - ($(date +%s) - start) ))
   if [ "$left" -lt 60 ]; then echo "no time left for: $selection"; break; fi
   # shellcheck disable=SC2086 # the selection's words are its name and patterns
