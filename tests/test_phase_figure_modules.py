@@ -15,6 +15,7 @@ from analysis.outputs import style
 from analysis.outputs.figure_data import read_table
 from analysis.outputs.figures import DRAWERS
 from analysis.outputs.figures_phases import TOP_MODULES, module_frame, top_modules
+from analysis.outputs.runs import module_table_suspect
 from tests.conftest import REPO
 
 MODELS = REPO / "published" / "h100" / "models"
@@ -73,7 +74,10 @@ def test_the_panel_draws_each_run_forward_then_backward_and_only_for_model_runs(
     panels = [ax for ax in fig.get_axes() if ax.get_title() == PANEL_TITLE]
     assert len(panels) == 1
     frame = module_frame(MODELS, list(summary["run"]))
-    assert set(frame) == set(summary["run"])  # every published model run has its table
+    # every published model run has its table drawn, but those that fail the self-check
+    # (made with the earlier module-range hooks; checked on the table alone)
+    suspect = {run for run in summary["run"] if module_table_suspect(MODELS, run)}
+    assert len(suspect) == 9 and set(frame) == set(summary["run"]) - suspect
     bars = _bars(panels[0])
     assert len(bars) == 2 * sum(len(g) for g in frame.values())  # forward and backward each
     forward = to_rgba(style.PHASE_COLORS["forward"])

@@ -90,6 +90,20 @@ def check_module_table(paths: Sequence[str], total: Callable[[str], float],
     return None if worst is None else worst[1]
 
 
+def check_table_alone(rows: Sequence[dict[str, str]], column: str = "GPU ms/step",
+                      unit: str = "GPU ms") -> str | None:
+    """The same check on a module table's rows alone (``module_table.csv``: Module and each
+    module's inclusive ``column``), for a table whose run predates the check and whose
+    capture is gone: each child's whole time stands for its time inside its parent (a
+    shared module's calls from elsewhere count too, so this errs toward a flag) and the
+    ranges and the step are not known."""
+    times = {r["Module"]: float(r.get(column) or 0) for r in rows if r.get("Module")}
+    if not any(times.values()):
+        return None
+    return check_module_table(list(times), times.__getitem__,
+                              lambda child, parent: times[child], None, [], unit)
+
+
 def _names(paths: Sequence[str], most: int = 3) -> str:
     shown = ", ".join(paths[:most])
     return shown + (f", … {len(paths)} in all" if len(paths) > most else "")

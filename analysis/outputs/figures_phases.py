@@ -271,13 +271,15 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
     layers = _layer_frame(tables, trusted)
     layers = layers.loc[[r for r in phases.index if r in layers.index]]
     modules = _module_groups(tables, trusted)
+    # runs whose module table failed its self-check: said in their row, not drawn
+    suspect = [r for r in runs if module_table_suspect(results, r) is not None]
     title, share_of = _title(set(phases[CLOCK]))
-    panels = (not parts.empty) + (not layers.empty) + bool(modules)
+    panels = (not parts.empty) + (not layers.empty) + bool(modules or suspect)
     # four panels: the sublayer and layer panels narrower, room for the modules' names
     narrow = 2.4 if panels == 3 else 3.0
     widths = ([4.0] + [narrow] * ((not parts.empty) + (not layers.empty))
-              + [3.4 if panels == 3 else 3.0] * bool(modules))
-    row_in = MODULE_ROW_IN if modules else style.ROW_IN
+              + [3.4 if panels == 3 else 3.0] * bool(modules or suspect))
+    row_in = MODULE_ROW_IN if modules or suspect else style.ROW_IN
     fig, axes = style.figure(1, len(widths), height=1.9 + row_in * len(phases),
                              sharey=True, gridspec_kw={"width_ratios": widths})  # fmt: skip
     handles = _phase_panel(axes[0, 0], phases, share_of)
@@ -288,8 +290,8 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
     if not layers.empty:
         _layer_panel(axes[0, column], phases, layers)
         column += 1
-    if modules:
-        _module_panel(axes[0, column], phases.index, modules, share_of)
+    if modules or suspect:
+        _module_panel(axes[0, column], phases.index, modules, share_of, suspect)
     style.legend_above(fig, handles, title)
     return fig
 
@@ -382,10 +384,15 @@ def _layer_panel(ax: object, phases: pd.DataFrame, layers: pd.DataFrame) -> None
 
 
 def _module_panel(ax: object, rows: pd.Index, modules: dict[str, list[tuple[str, float, float]]],
-                  share_of: str) -> None:
+                  share_of: str, suspect: list[str]) -> None:
     """Per run, its top module groups one bar under another, largest first: forward then
-    backward (the phases' colours), as % of the step; name and share at the bar's end."""
+    backward (the phases' colours), as % of the step; name and share at the bar's end. A run
+    whose table failed its self-check gets a line that says so instead of bars."""
     position = {run: i for i, run in enumerate(rows)}
+    for run in suspect:
+        ax.annotate("module table fails its self-check:\nnot drawn",
+                    (0, position[run]), xytext=(2, 0), textcoords="offset points",
+                    va="center", fontsize=6, color="#555555", style="italic")
     pitch = 0.84 / TOP_MODULES
     widest = 0.0
     for run, groups in modules.items():

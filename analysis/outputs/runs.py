@@ -11,11 +11,14 @@ Layout (written by the pipeline, docs/timing.md):
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from analysis.metrics.modulecheck import check_table_alone
 
 OK = "ok"
 # A repeat the guard did not start, because an earlier one ended the run (oom, unsupported,
@@ -77,10 +80,20 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 def module_table_suspect(results: Path, run: str) -> str | None:
     """Why the run's module table failed its self-check (analysis/metrics/modulecheck.py),
-    or None: a table that fails is not drawn as if it were true."""
+    or None: a table that fails is not drawn as if it were true. A run whose metrics predate
+    the check is checked on its table's rows alone."""
     metrics = read_json(results / run / "stats" / "metrics.json") or {}
-    reason = metrics.get("module_attribution_suspect")
-    return str(reason) if reason else None
+    if "module_attribution_suspect" in metrics or not metrics:
+        reason = metrics.get("module_attribution_suspect")
+        return str(reason) if reason else None
+    # a run from before the check (its metrics have no such key): the table's rows alone
+    table = results / run / "stats" / "module_table.csv"
+    if not table.is_file():
+        return None
+    with open(table, newline="") as f:
+        problem = check_table_alone(list(csv.DictReader(f)))
+    return f"{problem} (checked on the table alone: the run predates the self-check)" \
+        if problem else None
 
 
 def read_plan(results: Path) -> dict[str, Any]:
