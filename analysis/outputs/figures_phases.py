@@ -191,8 +191,14 @@ def module_frame(results: Path, runs: list[str]) -> dict[str, list[tuple[str, fl
 
 def trusted_modules(results: Path, runs: list[str]) -> dict[str, pd.DataFrame]:
     """The runs' module tables that pass their self-check (a suspect one is not drawn)."""
-    return {run: table for run, table in stats_tables(results, runs, MODULE_TABLE).items()
-            if module_table_suspect(results, run) is None}
+    return _split_modules(results, runs)[0]
+
+
+def _split_modules(results: Path, runs: list[str]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """(the runs' module tables that pass their self-check, the runs whose table fails it)."""
+    tables = stats_tables(results, runs, MODULE_TABLE)
+    suspect = [run for run in tables if module_table_suspect(results, run) is not None]
+    return {run: t for run, t in tables.items() if run not in suspect}, suspect
 
 
 def _module_groups(phase_tables: dict[str, pd.DataFrame], module_tables: dict[str, pd.DataFrame]
@@ -265,14 +271,13 @@ def draw_phase_gpu_time(summary: pd.DataFrame, results: Path) -> Figure:
         raise style.NoData("Time per training phase",
                            f"no stats/{TABLE} with phase ranges")  # fmt: skip
     runs = list(phases.index)
-    trusted = trusted_modules(results, runs)
+    # a run whose module table failed its self-check: said in its row, not drawn
+    trusted, suspect = _split_modules(results, runs)
     parts = _part_shares(tables, trusted)
     parts = parts.loc[[r for r in phases.index if r in parts.index]]
     layers = _layer_frame(tables, trusted)
     layers = layers.loc[[r for r in phases.index if r in layers.index]]
     modules = _module_groups(tables, trusted)
-    # runs whose module table failed its self-check: said in their row, not drawn
-    suspect = [r for r in runs if module_table_suspect(results, r) is not None]
     title, share_of = _title(set(phases[CLOCK]))
     panels = (not parts.empty) + (not layers.empty) + bool(modules or suspect)
     # four panels: the sublayer and layer panels narrower, room for the modules' names
