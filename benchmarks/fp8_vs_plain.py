@@ -1,6 +1,7 @@
 """config/fp8.yaml's 2.7B rungs beside benchmarks/fp8_plain.py, from one call on one GPU: per
 recipe, profbench's untraced step (median, 95% CI) over the plain script's, and each FP8
-rung's last loss over the bf16 rung's (the same steps, the same seed).
+rung's last loss over the bf16 rung's (the same steps, the same seed), beside the plain
+script's own FP8 loss over its bf16 loss (whether a gap is torchao's on this model).
 
     python benchmarks/fp8_vs_plain.py --results results/fp8 --plain fp8_plain.json
 
@@ -32,10 +33,17 @@ def last_loss(results: Path, run: str) -> float | None:
     return losses[-1] if losses else None
 
 
+def plain_last_loss(plain: dict[str, Any], recipe: str) -> float | None:
+    """The plain script's last loss of one recipe."""
+    losses = plain["recipes"].get(recipe, {}).get("losses")
+    return losses[-1] if losses else None
+
+
 def compare(results: Path, plain: dict[str, Any]) -> list[dict[str, Any]]:
     with open(results / "summary.csv") as f:
         summary = {row["run"]: row for row in csv.DictReader(f)}
     bf16_loss = last_loss(results, RUNGS["bf16"])
+    plain_bf16_loss = plain_last_loss(plain, "bf16")
     rows = []
     for recipe, run in RUNGS.items():
         row = summary.get(run, {})
@@ -44,6 +52,7 @@ def compare(results: Path, plain: dict[str, Any]) -> list[dict[str, Any]]:
         loss = last_loss(results, run) if row.get("status") == "ok" else None
         ratio = mine / theirs if mine and theirs else None
         loss_ratio = loss / bf16_loss if loss and bf16_loss else None
+        plain_loss = plain_last_loss(plain, recipe)
         rows.append(
             {
                 "recipe": recipe,
@@ -59,6 +68,10 @@ def compare(results: Path, plain: dict[str, Any]) -> list[dict[str, Any]]:
                 "loss_within_2pct": None
                 if loss_ratio is None
                 else abs(loss_ratio - 1) <= LOSS_TOLERANCE,
+                # the plain script's own FP8 loss over its bf16 loss (its steps): whether a
+                # gap is torchao's on this model or profbench's
+                "plain_loss_vs_bf16": plain_loss / plain_bf16_loss
+                if plain_loss and plain_bf16_loss else None,
             }
         )
     return rows
@@ -72,16 +85,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = p.parse_args(argv)
     rows = compare(args.results, json.loads(args.plain.read_text()))
     for r in rows:
-        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.1f} [{r['ci'][0]}, {r['ci'][1]}]"
+        low, high = (float(c) if c else float("nan") for c in r["ci"])
+        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.1f} [{low:.1f}, {high:.1f}]"
         ratio = (
             "-"
             if r["ratio"] is None
             else f"{r['ratio']:.3f} ({'ok' if r['within_5pct'] else 'OFF'})"
         )
-        loss = "-" if r["loss_vs_bf16"] is None else f"{r['loss_vs_bf16']:.4f}"
+        loss, plain_loss = ("-" if r[k] is None else f"{r[k]:.4f}"
+                            for k in ("loss_vs_bf16", "plain_loss_vs_bf16"))
+        plain_ms = "-" if r["plain_ms"] is None else f"{r['plain_ms']:.1f}"
         print(
-            f"{r['recipe']:>10}: {r['status']}, profbench {step} ms, plain "
-            f"{r['plain_ms'] or '-'} ms, ratio {ratio}, loss / bf16's {loss}"
+            f"{r['recipe']:>10}: {r['status']}, profbench {step} ms, plain {plain_ms} ms, "
+            f"ratio {ratio}, loss / bf16's {loss} (plain script: {plain_loss})"
         )
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

@@ -8,16 +8,18 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPO
 
 from analysis.metrics.timing import speedup
 from analysis.outputs.finding_base import Finding
 from analysis.outputs.findings import find_all
 
-FIXTURE = Path(__file__).parent / "fixtures" / "h200" / "fp8"
+FIXTURE = REPO / "tests" / "fixtures" / "h200" / "fp8"
 BF16, TENSORWISE, ROWWISE = (f"gpt_fp8_2.7B_{r}" for r in
                              ("0_bf16_compiled", "1_fp8_tensorwise", "2_fp8_rowwise"))
 
@@ -108,3 +110,29 @@ def test_without_both_captures_the_title_says_so(findings, tmp_path: Path) -> No
     without = run_findings(copy)[("fp8_does_not_pay", TENSORWISE)]
     assert "no capture of both runs to say why" in without.title
     assert without.gain == pytest.approx(findings[("fp8_does_not_pay", TENSORWISE)].gain)
+
+
+def test_the_rungs_beside_the_plain_script_read_the_same_records() -> None:
+    """benchmarks/fp8_vs_plain.py on the run's records and the plain script's JSON of the same
+    call (tests/fixtures/h200/fp8_plain.json): each ratio is the summary's untraced step over
+    the plain step, each loss ratio the last loss of the timing record over bf16's, and the
+    plain script's own FP8-over-bf16 loss beside it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import fp8_vs_plain
+
+    plain = json.loads((FIXTURE.parent / "fp8_plain.json").read_text())
+    rows = {r["recipe"]: r for r in fp8_vs_plain.compare(FIXTURE, plain)}
+    steps = summary()
+
+    def last(run: str) -> float:
+        return json.loads((FIXTURE / run / "timing" / "r0.json").read_text())["losses"][-1]
+
+    for recipe, run in (("bf16", BF16), ("tensorwise", TENSORWISE), ("rowwise", ROWWISE)):
+        row, theirs = rows[recipe], plain["recipes"][recipe]
+        ratio = float(steps[run]["step_ms"]) / theirs["step_ms"]
+        assert row["ratio"] == pytest.approx(ratio)
+        assert row["within_5pct"] == (abs(ratio - 1) <= 0.05)
+        assert row["loss_vs_bf16"] == pytest.approx(last(run) / last(BF16))
+        assert row["plain_loss_vs_bf16"] == pytest.approx(
+            theirs["losses"][-1] / plain["recipes"]["bf16"]["losses"][-1])
+    assert rows["rowwise"]["within_5pct"] is False  # 145.8 ms against the plain 136.2
