@@ -155,3 +155,18 @@ def test_git_stamp_wins_over_a_stale_git_copy_only(tmp_path: Path) -> None:
     assert _planned_git(copy, tmp_path / "a") == {"commit": newer, "dirty": False}
     stamp.write_text(json.dumps({"commit": first, "dirty": True}))  # stale: HEAD moved on
     assert _planned_git(copy, tmp_path / "b")["commit"] == head
+
+
+def test_the_compiled_rungs_benchmark_runs_the_standard_configs_runs() -> None:
+    """benchmarks/gpu/gpt_compiled_rungs.yaml is config/standard.yaml written out with a
+    selection and no capture: its runs are the standard config's, with the same workload
+    command lines, so a before/after with it times what the standard config times."""
+    from pipeline import config
+
+    bench = config.load(REPO / "benchmarks" / "gpu" / "gpt_compiled_rungs.yaml")
+    standard = config.load(REPO / "config" / "standard.yaml")
+    assert list(bench.runs) == [r for r in standard.all_runs if r.startswith(
+        "gpt_train_small_") and int(r.split("_")[3]) >= 5]
+    for name, params in bench.runs.items():
+        assert config.workload_args(params) == config.workload_args(standard.all_runs[name])
+        assert params.get("profile") is False
