@@ -66,12 +66,12 @@ def _per_step(ctx: Context, run: str, column: str, scale: float = 1.0) -> float 
     return float(total) * scale / float(steps) if total is not None and steps else None
 
 
-def host_wait(ctx: Context, run: str) -> float | None:
-    """ms of the untraced step not covered by the GPU's work: the untraced step time less the
-    captured GPU time per step (kernel durations barely change under tracing; the host's
+def host_wait(ctx: Context, run: str, gpu_ms: float) -> float | None:
+    """ms of the untraced step not covered by the GPU's work (``gpu_ms`` per captured step):
+    the untraced step time less it (kernel durations barely change under tracing; the host's
     launches do), where the GPU waits for the host, at least."""
-    step, gpu = ctx.cell(run, "step_ms"), _per_step(ctx, run, "kernel_time_ns", 1e-6)
-    return max(float(step) - gpu, 0.0) if step is not None and gpu is not None else None
+    step = ctx.cell(run, "step_ms")
+    return max(float(step) - gpu_ms, 0.0) if step is not None else None
 
 
 def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float | None]:
@@ -106,7 +106,7 @@ def cause(ctx: Context, fp8: str, bf16: str) -> tuple[str, float | None, float |
         f"{casts:.3g} ms/step of cast/scale kernels; GPU work {gpu8:.4g} ms/step against "
         f"bf16's {gpu16:.4g}"
     )
-    wait8, wait16 = host_wait(ctx, fp8), host_wait(ctx, bf16)
+    wait8, wait16 = host_wait(ctx, fp8, gpu8), host_wait(ctx, bf16, gpu16)
     if wait8 is not None and wait16 is not None and wait8 - wait16 > max(gpu8 - gpu16, 0.0):
         k8, k16 = (_per_step(ctx, r, "kernel_count") for r in (fp8, bf16))
         kernels = f" while the host launches {k8:.0f} kernels per step (bf16: {k16:.0f})" \
