@@ -24,7 +24,7 @@ from workloads.models.parts import find_structure, import_torchvision
 FIXTURES = REPO / "tests" / "fixtures" / "h100" / "models"
 CS336_TINY = {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4, "vocab_size": 128,
               "context_length": 32}
-STEPS = 2
+STEPS = 3
 # The real CPU runs of this file: the CS336 model with checkpointing on every block (its RoPE
 # module is called for q and k in each layer), HuggingFace GPT-2 with its own gradient
 # checkpointing, and a ViT that declares no structure (and no checkpointing).
@@ -134,14 +134,18 @@ def test_every_range_closes_inside_the_step_it_opened_in(results: Path, run: str
 
 
 def test_the_capture_is_not_distorted_by_checkpointing(results: Path) -> None:
-    """Ranges left open by an early-stopped recomputation made a traced step 48x its untraced
-    time; closed, a checkpointed step under the tracer stays near the plain model's overhead
-    (benchmarks/module_table_vs_profiler.py prints the ratios; the bound here only catches the
-    pathology, not the noise of a shared 2-core machine)."""
+    """Ranges left open by an early-stopped recomputation made a traced step 48x its
+    untraced time; closed, a checkpointed step under the tracer stays within 3x of its untraced
+    step, as a model without checkpointing does (benchmarks/module_table_vs_profiler.py prints
+    the ratios). The fastest traced step is compared, not the median: on a shared 2-core machine
+    one step can stall 10x on its own, a distortion of the capture slows each. On this CPU the
+    unpopped ranges show in the self-check (test_every_run_passes_its_self_check), not in the
+    time."""
     summary = _summary(results)
     for run in ("cs336_nonreentrant", "cs336_reentrant", "gpt2_checkpointed"):
-        row = summary[run]
-        assert float(row["step_ms_traced"]) < 10 * float(row["step_ms"]), run
+        traced = json.loads((results / run / "times.json").read_text())["step_times_ms"]
+        assert len(traced) == STEPS
+        assert min(traced) < 3 * float(summary[run]["step_ms"]), (run, traced)
 
 
 def test_huggingface_checkpointing_recomputes_inside_its_layers(results: Path) -> None:
