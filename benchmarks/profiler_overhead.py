@@ -2,12 +2,17 @@
 
 Each configuration runs as its own process of ``python -m workloads ...`` (same warm-up and
 steps as the pipeline); the step time is the workload's own median (CUDA events on a GPU),
-so the nsys import and export never count. Overhead = traced / untraced - 1, with the
-untraced time taken as the median of ``--repeats`` untraced processes run interleaved with the
-traced ones (so drift in clocks or temperature hits both sides).
+so the nsys import and export never count. The traced process is the pipeline's capture
+(``PROFBENCH_CAPTURE=1``: a ``model`` workload opens its module ranges). Overhead = traced /
+untraced - 1, with the untraced time taken as the median of ``--repeats`` untraced processes
+run interleaved with the traced ones (so drift in clocks or temperature hits both sides).
 
     python benchmarks/profiler_overhead.py --nsys nsys -- gpt --size small --mode train --dtype bf16
     python benchmarks/profiler_overhead.py --nsys nsys --settings default,lean -- gpt --size tiny
+    python benchmarks/profiler_overhead.py --nsys nsys --settings default -- model \
+        --factory workloads.models.cs336_lm:make --device cpu --batch 2 --steps 5 --kwargs \
+        '{"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4, "vocab_size": 128,
+          "context_length": 32, "checkpoint": "reentrant"}'
 
 Prints one table: setting, nsys flags, median step ms, overhead vs untraced.
 """
@@ -56,7 +61,8 @@ def run_traced(nsys: str, flags: str, workload: list[str], tmp: Path, name: str)
     cmd = [nsys, "profile", *flags.split(), *CAPTURE.split(), "--export=none",
            "--force-overwrite=true", "-o", str(tmp / name),
            sys.executable, "-m", "workloads", *workload, "--out", str(out)]
-    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+    # as rules/profile.smk runs a capture: a model workload adds its module ranges
+    env = {**os.environ, "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0", "PROFBENCH_CAPTURE": "1"}
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
     return median_step_ms(out)
 
