@@ -10,6 +10,7 @@ gloo ranks through the workload and the analysis."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import statistics
@@ -24,7 +25,7 @@ import pandas as pd
 import pytest
 import yaml
 from analysis_fixtures import compare_report
-from conftest import REPO, snakemake
+from conftest import REPO, private_tmpdir, snakemake
 
 from analysis.metrics.ranks import STEP_COLUMNS
 from analysis.outputs import style
@@ -87,8 +88,9 @@ def eight_ranks_started(tmp_path_factory: pytest.TempPathFactory, nsys: str
            "--standalone", "--nnodes", "1", "--nproc-per-node", str(EIGHT), "--no-python",
            "env", "OMP_NUM_THREADS=1", "PROFBENCH_OP_RANGES=1",
            "NSYS_NVTX_PROFILER_REGISTER_ONLY=0", *capture, *workload]
+    env = {**os.environ, "TMPDIR": private_tmpdir(run)}  # nsys's sessions of this run alone
     with (run.parent / "launch.log").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     yield proc, run
     if proc.poll() is None:  # a test stopped early: the guard stops every process below it
         proc.terminate()
@@ -508,7 +510,8 @@ def eight_ranks(eight_ranks_started: tuple[subprocess.Popen, Path]) -> Path:
 
 def test_eight_ranks_in_the_records_the_tables_and_the_figure(eight_ranks: Path) -> None:
     record = json.loads((eight_ranks / "times.json").read_text())
-    assert record["status"] == "ok", record["message"]
+    launch_log = (eight_ranks.parent / "launch.log").read_text()
+    assert record["status"] == "ok", (record["message"], launch_log[-6000:])
     assert record["distributed"]["world_size"] == EIGHT
     assert [len(s) for s in record["rank_step_ms"]] == [3] * EIGHT
     assert [len(a) for a in record["rank_arrival_ms"]] == [3] * EIGHT

@@ -1,11 +1,13 @@
 """The guard starts a command once more when it failed the way nsys does when it loses its own
 agent while a session starts (exit 1 at once, nothing recorded, "Connection to Agent lost",
 "End of file" or "Local Endpoint is not available"), up to twice, also when it was one rank's
-nsys under torchrun; any other failure, or that one three times, is judged as it is."""
+nsys under torchrun; and when a run that ended ok left no nsys capture (real nsys, whose range
+did not open). Any other failure, or one of those three times, is judged as it is."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -44,11 +46,13 @@ out.write_text(json.dumps({{"status": "ok", "step_ms": [1.0]}}))
     return [sys.executable, "-c", code]
 
 
-def guard(tmp_path: Path, cmd: list[str]) -> tuple[dict, str, int]:
+def guard(tmp_path: Path, cmd: list[str], expect: tuple[Path, ...] = (),
+          env: dict[str, str] | None = None) -> tuple[dict, str, int]:
     out = tmp_path / "result.json"
+    opts = ["--expect", *map(str, expect)] if expect else []
     done = subprocess.run([sys.executable, "-m", "pipeline.guard", "--out", str(out), "--run",
-                           "r", "--", *cmd], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, check=False)
+                           "r", *opts, "--", *cmd], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text()), done.stderr, int((tmp_path / "starts").read_text())
 
@@ -140,3 +144,57 @@ pathlib.Path({str(tmp_path / "result.json")!r}).write_text(
     assert count == 2 and result["status"] == "ok" and result["step_ms"] == [1.0]
     assert "stopping it" in log and log.count("starting the command again") == 1
     assert time.monotonic() - began < 60
+
+
+# -- a run that ended ok without its capture -------------------------------------------------
+def capture(tmp_path: Path, nsys: str, opens_from: int | None) -> list[str]:
+    """nsys capturing `profiled_region` as the profile rule does, of a process that writes an
+    ok record every start (counted in tmp_path/starts) and opens the range from its
+    `opens_from`-th start on (never with None): before, nsys records nothing and exits 0."""
+    code = f"""
+import json, pathlib, nvtx
+starts = pathlib.Path({str(tmp_path / "starts")!r})
+n = int(starts.read_text()) + 1 if starts.exists() else 1
+starts.write_text(str(n))
+if {opens_from!r} is not None and n >= {opens_from!r}:
+    with nvtx.annotate("profiled_region"):
+        nvtx.mark("step")
+pathlib.Path({str(tmp_path / "result.json")!r}).write_text(json.dumps({{"status": "ok"}}))
+"""
+    return [nsys, "profile", "--trace=nvtx", "--sample=none", "--cpuctxsw=none",
+            "--capture-range=nvtx", "--nvtx-capture=profiled_region",
+            "--capture-range-end=stop", "--export=sqlite", "--force-overwrite=true",
+            "-o", str(tmp_path / "profile"), sys.executable, "-c", code]
+
+
+def capture_env(tmp_path: Path) -> dict[str, str]:
+    tmp = tmp_path / "tmp"  # nsys's session state of these captures alone (conftest.py)
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp), "NSYS_NVTX_PROFILER_REGISTER_ONLY": "0"}
+
+
+def test_a_run_that_left_no_capture_is_started_again(tmp_path: Path, nsys: str) -> None:
+    exports = (tmp_path / "profile.sqlite", tmp_path / "profile.nsys-rep")
+    result, log, starts = guard(tmp_path, capture(tmp_path, nsys, opens_from=2), exports,
+                                capture_env(tmp_path))
+    assert starts == 2 and result["status"] == "ok" and result["starts"] == 2
+    assert log.count("nsys left no profile.sqlite") == 1
+    assert all(path.stat().st_size > 0 for path in exports)
+
+
+def test_a_run_that_never_opens_its_range_is_an_error_after_three_starts(
+        tmp_path: Path, nsys: str) -> None:
+    exports = (tmp_path / "profile.sqlite",)
+    result, log, starts = guard(tmp_path, capture(tmp_path, nsys, opens_from=None), exports,
+                                capture_env(tmp_path))
+    assert starts == 3 and result["status"] == "error" and result["starts"] == 3
+    assert result["message"].startswith("nsys produced no profile.sqlite")
+    assert log.count("starting the command again") == 2
+
+
+def test_a_missing_file_of_the_workload_is_not_started_again(tmp_path: Path) -> None:
+    """Only a capture is nsys's to miss: the workload's own file missing is its error."""
+    memory = tmp_path / "memory.json"
+    result, log, starts = guard(tmp_path, command(tmp_path, 0, ""), (memory,))
+    assert starts == 1 and result["status"] == "error" and "starts" not in result
+    assert result["message"].startswith(f"{Path(sys.executable).name} produced no memory.json")
