@@ -113,8 +113,7 @@ def start(args: argparse.Namespace, cmd: list[str], slot: int | None) -> process
 def run_once(args: argparse.Namespace, out: Path, cmd: list[str], slot: int | None,
              current: list[process.Running]) -> dict[str, Any]:
     """Run the command and judge it; again (up to verdict.START_RETRIES times) after one of
-    nsys's transients of a busy machine: it lost its agent at start, or a run that ended ok
-    has no capture."""
+    nsys's transients of a busy machine (verdict.transient)."""
     for attempt in range(verdict.START_RETRIES + 1):
         try:
             current[:] = [start(args, cmd, slot)]
@@ -124,26 +123,20 @@ def run_once(args: argparse.Namespace, out: Path, cmd: list[str], slot: int | No
         outcome = current[0].wait(args.timeout_s, args.grace_s, verdict.lost_agent_watch())
         current.clear()
         own = read_whole(out)
-        again = attempt < verdict.START_RETRIES
-        if again and verdict.failed_to_start(outcome, own):
-            went_on = "; it went on (its peers wait for it): stopping it" if outcome.stopped else ""
-            say(f"nsys lost its agent while starting (a known transient of nsys){went_on}; "
-                "starting the command again")
-            clear_attempt(out, args.expect, attempt)
-            continue
         result = verdict.judge(outcome, own, args.timeout_s)
-        if result["status"] == "ok" and (
-                problem := verdict.check_expected(args.expect, Path(cmd[0]).name)):
-            if again and (missed := verdict.missed_capture(args.expect)):
-                say(f"the run ended ok but nsys left no {missed.name} (a transient of nsys on a "
-                    "busy machine); starting the command again")
-                clear_attempt(out, args.expect, attempt)
-                continue
-            result.update(status="error", message=problem)
-        if attempt:
-            result["starts"] = attempt + 1
-        return result
-    raise AssertionError("unreachable: the last attempt returns")
+        problem = (verdict.check_expected(args.expect, Path(cmd[0]).name)
+                   if result["status"] == "ok" else None)
+        missed = verdict.missed_capture(args.expect) if problem else None
+        met = verdict.transient(outcome, own, missed)
+        if met is None or attempt == verdict.START_RETRIES:
+            break
+        say(f"{met}; starting the command again")
+        clear_attempt(out, args.expect, attempt)
+    if problem:
+        result.update(status="error", message=problem)
+    if attempt:
+        result["starts"] = attempt + 1
+    return result
 
 
 def clear_attempt(out: Path, expect: list[Path], attempt: int) -> None:

@@ -147,6 +147,19 @@ def failed_to_start(outcome: Running, own: dict[str, Any] | None) -> bool:
             and outcome.elapsed_s < window and _said_lost_agent(outcome.tail))
 
 
+def transient(outcome: Running, own: dict[str, Any] | None, missed: Path | None) -> str | None:
+    """The transient of nsys on a busy machine that the attempt met, if any, after which the
+    command starts again: nsys lost its agent at start, or the run ended ok without the
+    capture `missed`."""
+    if failed_to_start(outcome, own):
+        went_on = "; it went on (its peers wait for it): stopping it" if outcome.stopped else ""
+        return f"nsys lost its agent while starting (a known transient of nsys){went_on}"
+    if missed is not None:
+        return (f"the run ended ok but nsys left no {missed.name} (a transient of nsys on a "
+                "busy machine)")
+    return None
+
+
 def check_nsys_export(path: Path) -> str | None:
     """Why `path` is not an nsys SQLite export the analysis can open, or None. (SQLite finds a
     file shorter than its header says: "database disk image is malformed".)"""
