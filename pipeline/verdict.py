@@ -26,6 +26,7 @@ OOM_OUTPUT = re.compile(r"out of memory|can(?:no|')t allocate memory|MemoryError
 TORCHRUN_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 TORCHRUN_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ \d+ \S*torch/distributed/elastic/")
 TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(\S.*?)\s*$")
+NSYS_CAPTURES = (".sqlite", ".nsys-rep")  # what an nsys capture leaves
 NSYS_START_FAILURE = re.compile(
     r"Connection to Agent lost|^End of file$|Local Endpoint is not available")
 START_FAILURE_MAX_S = 30.0  # within a second on a quiet machine, 10 s on a saturated one
@@ -33,7 +34,6 @@ TORCHRUN_START_S = 15.0  # torchrun's agent imports torch and starts the ranks f
 # A command still running this long after saying so is stopped, then started again.
 START_FAILURE_STOP_S = 3.0
 START_RETRIES = 2
-NSYS_CAPTURES = (".sqlite", ".nsys-rep")  # what an nsys capture leaves
 START_RETRY_PAUSE_S = 1.0  # times the attempt: let the other session's start-up pass
 
 
