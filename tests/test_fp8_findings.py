@@ -1,5 +1,5 @@
 """The FP8 findings on real records: config/fp8.yaml on one H200 (torch 2.11, torchao 0.18.0,
-commit 2c81202b), its summary.csv, plan.json, timing records and the captured runs'
+commit 269fe6c5), its summary.csv, plan.json, timing records and the captured runs'
 kernel_categories.csv in tests/fixtures/h200/fp8. Each number a title quotes is computed here
 again from summary.csv and the timing records, without the findings' code."""
 
@@ -81,6 +81,24 @@ def test_rowwise_at_batch_4_names_its_casts_on_the_gpu(findings) -> None:
     assert f"against {casts:.3g} ms/step of cast/scale kernels" in title
 
 
+@pytest.mark.parametrize(("fp8", "bf16"), [
+    ("gpt_fp8_graph_2.7B_1_fp8_tensorwise", "gpt_fp8_graph_2.7B_0_bf16_step_graph"),
+    ("fp8_sweep_2.7B_b8_tensorwise", "fp8_sweep_2.7B_b8_none"),
+])
+def test_where_fp8_pays_the_gpu_is_the_cause_not_the_host(findings, fp8: str, bf16: str
+                                                          ) -> None:
+    """FP8 saves GPU work and the GPU waits a little longer for the host (the whole-step
+    graph at batch 4: 0.1 ms more; batch 8: 7 ms more against 26 ms saved): the step is
+    faster for the GPU's work, and the title gives the GEMMs and casts, not the host."""
+    rows = summary()
+    gpu8, gpu16 = (per_step(rows[r], "kernel_time_ns") / 1e6 for r in (fp8, bf16))
+    wait8, wait16 = (float(rows[r]["step_ms"]) - g for r, g in ((fp8, gpu8), (bf16, gpu16)))
+    assert 0 < wait8 - wait16 < gpu16 - gpu8  # the host's wait grew, by less than FP8 saved
+    title = findings[("fp8_pays", bf16)].title
+    assert "host" not in title
+    assert f"GPU work {gpu8:.4g} ms/step against bf16's {gpu16:.4g}" in title
+
+
 @pytest.mark.parametrize("batch", [8, 16, 32])
 def test_the_sweep_states_where_fp8_pays_with_its_measured_ci(findings, batch: int) -> None:
     bf16, fp8 = (f"fp8_sweep_2.7B_b{batch}_{r}" for r in ("none", "tensorwise"))
@@ -135,4 +153,5 @@ def test_the_rungs_beside_the_plain_script_read_the_same_records() -> None:
         assert row["loss_vs_bf16"] == pytest.approx(last(run) / last(BF16))
         assert row["plain_loss_vs_bf16"] == pytest.approx(
             theirs["losses"][-1] / plain["recipes"]["bf16"]["losses"][-1])
-    assert rows["rowwise"]["within_5pct"] is False  # 145.8 ms against the plain 136.2
+    # in this call every rung is within 5% of the plain script, each FP8 loss within 2%
+    assert all(rows[r]["within_5pct"] and rows[r]["loss_within_2pct"] for r in rows)
