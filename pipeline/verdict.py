@@ -185,11 +185,11 @@ def missed_capture(paths: list[Path]) -> Path | None:
 def check_expected(paths: list[Path], producer: str) -> str | None:
     """Why the files a successful command must leave are not all there and sound, or None."""
     for path in paths:
+        who = "nsys" if path.suffix in NSYS_CAPTURES else producer  # torchrun's: python
         if not path.exists():
-            who = "nsys" if path.suffix in NSYS_CAPTURES else producer  # torchrun's: python
             return f"{who} produced no {path.name} ({path})"
         if path.stat().st_size == 0:
-            return f"{producer} produced an empty {path.name} ({path})"
+            return f"{who} produced an empty {path.name} ({path})"
         if path.suffix == ".sqlite" and (problem := check_nsys_export(path)):
             return problem
     return None

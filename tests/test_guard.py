@@ -149,7 +149,7 @@ def test_damaged_export_is_an_error_naming_it(tmp_path: Path, damage: str) -> No
         expected = "profile.sqlite: export lacks table TARGET_INFO_SESSION_START_TIME"
     else:
         sqlite.touch()
-        expected = "true produced an empty profile.sqlite"
+        expected = "nsys produced an empty profile.sqlite"  # a capture is nsys's
     guard(out, "true", opts=("--expect", str(sqlite)))
     r = result(out)
     assert r["status"] == "error", r
