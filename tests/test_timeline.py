@@ -64,6 +64,22 @@ def test_layers_are_banded_and_labelled_in_order() -> None:
     assert [text for _, text in sorted(layer_row.layer_labels)] == [f"L{i}" for i in range(12)]
 
 
+def test_a_resnets_blocks_are_banded_in_forward_order_by_stage_and_block() -> None:
+    """ResNet-18 on the H100 (tests/fixtures/h100/models/resnet_eager): its blocks
+    ``layer1.0`` ... ``layer4.1`` are numbered in forward order, stage by stage (not by the
+    block number alone, which four stages share), and labelled ``1.0`` ... ``4.1``."""
+    case = H100 / "models" / "resnet_eager"
+    ranks = read_ranks([case / "profile.sqlite"], run=RunInputs.load(case / "times.json", None))
+    tl = timeline(ranks)
+    phase_row = next(r for r in tl.groups[0] if r.label.endswith("phase"))
+    forward_end = next(b for k, _, b in phase_row.bands if PHASES[k] == "forward_pass")
+    layer_row = next(r for r in tl.groups[0] if r.label.endswith("layer"))
+    forward = [k for k, a, _ in sorted(layer_row.bands, key=lambda b: b[1]) if a < forward_end]
+    assert forward == sorted(forward) and set(forward) == set(range(8))
+    labels = [text for _, text in sorted(layer_row.layer_labels)]
+    assert labels[:8] == [f"{stage}.{block}" for stage in range(1, 5) for block in range(2)]
+
+
 def _busy_columns(export: Path, lo: int, hi: int, edges: np.ndarray) -> np.ndarray:
     """Pixel columns any GPU op of the export overlaps (plain SQL and integer arithmetic)."""
     busy = np.zeros(PIXELS, bool)

@@ -76,8 +76,9 @@ def structure_of(record: dict[str, Any]) -> Structure:
     return Structure(str(value.get("layers") or ""), str(value.get("sublayers") or ""))
 
 
-def _path_key(path: str) -> list[tuple[int, object]]:
-    """Natural order: layers.2 before layers.10."""
+def natural_key(path: str) -> list[tuple[int, object]]:
+    """Natural order of module paths and layer names: layers.2 before layers.10, ResNet's
+    layer1.2 before layer2.0."""
     return [(0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", path) if t]
 
 
@@ -105,7 +106,7 @@ def module_table(ex: Export, ops: GpuOps, phases: OpPhases, record: dict[str, An
     unique, codes = np.unique(compiled.astype(str), return_inverse=True)
     unique = unique.tolist()
     paths = sorted(set(eager) | set(recomputed)
-                   | {a for p in unique if p for a in _ancestors(p)}, key=_path_key)
+                   | {a for p in unique if p for a in _ancestors(p)}, key=natural_key)
     if not paths:
         return ModuleTable(Table(HEADER), dict(EMPTY))
     roots = set(outermost(paths))

@@ -14,7 +14,6 @@ capture) the CPU time inside the same NVTX ranges, labelled as such.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from analysis.metrics.modules import outermost
+from analysis.metrics.modules import natural_key, outermost
 from analysis.outputs import style
 from analysis.outputs.figure_data import STEP_RANGE, num, run_names, stats_tables
 from analysis.outputs.runs import module_table_suspect
@@ -159,7 +158,7 @@ def _layer_frame(tables: dict[str, pd.DataFrame],
                                                       "Range"].astype(str)))
         if rows.empty:
             ms, basis = _module_layers((modules or {}).get(run), clock), MODULE_BASIS
-        ordered = sorted(ms.index, key=_layer_number)
+        ordered = sorted(ms.index, key=natural_key)
         row = {i: float(ms[name]) for i, name in enumerate(ordered)
                if pd.notna(ms[name]) and ms[name] > 0}
         if row:
@@ -176,12 +175,6 @@ def _module_layers(table: pd.DataFrame | None, clock: str) -> pd.Series:
     paths = table["Module"].astype(str)
     is_layer = (table["Layer"].fillna("").astype(str) == paths).to_numpy()
     return _module_ms(table, clock)[is_layer].set_axis(paths[is_layer])
-
-
-def _layer_number(name: str) -> tuple[int, str]:
-    """``block10`` and ``layers.10`` after ``block2`` and ``layers.2``."""
-    tail = re.search(r"(\d+)$", name)
-    return (int(tail.group(1)) if tail else 1 << 30, name)
 
 
 def module_frame(results: Path, runs: list[str]) -> dict[str, list[tuple[str, float, float]]]:

@@ -20,6 +20,7 @@ drawn wider than its kernel. The step is the median measured step of the trace's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from analysis.metrics.categories import CATEGORIES
+from analysis.metrics.modules import natural_key
 from analysis.metrics.phases import PHASES
 from analysis.outputs import style
 from analysis.outputs.traceevents import RankEvents
@@ -189,7 +191,7 @@ def _layer_row(r: RankEvents, inside: np.ndarray, gs: np.ndarray, ge: np.ndarray
     codes = np.unique(g.layer[inside & (g.layer > 0)])
     if codes.size == 0:
         return None
-    names = sorted((g.labels[c] for c in codes.tolist()), key=_layer_key)
+    names = sorted((g.labels[c] for c in codes.tolist()), key=natural_key)
     order = {name: i for i, name in enumerate(names)}
     index = np.full(len(g.labels), -1, np.int64)
     for c in codes.tolist():
@@ -197,7 +199,7 @@ def _layer_row(r: RankEvents, inside: np.ndarray, gs: np.ndarray, ge: np.ndarray
     key = index[g.layer[inside]]
     colors = {i: style.layer_color(i, len(names)) for i in range(len(names))}
     rgb, bands = _spans(gs[inside], ge[inside], key, colors, edges, g.phase[inside])
-    labels = _band_labels(bands, [_short_layer(name) for name in names], edges)
+    labels = _band_labels(bands, short_layer_labels(names), edges)
     return Row(f"{prefix}layer", rgb, layer_labels=labels, bands=bands)
 
 
@@ -219,14 +221,17 @@ def _tint(color: str, white: float = 0.55) -> tuple[float, float, float]:
     return tuple(c + (1.0 - c) * white for c in to_rgb(color))  # type: ignore[return-value]
 
 
-def _layer_key(name: str) -> tuple[int, str]:
-    digits = "".join(ch for ch in name.rsplit("_", 1)[-1].rsplit(".", 1)[-1] if ch.isdigit())
-    return (int(digits) if digits else 1 << 30, name)
-
-
-def _short_layer(name: str) -> str:
-    tail = name.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
-    return f"L{tail}" if tail.isdigit() else name
+def short_layer_labels(names: list[str]) -> list[str]:
+    """Band labels of layers: ``L3`` for ``layers.3`` / ``layer_3`` where the numbers alone
+    tell the layers apart; else the name from its first digit (ResNet's blocks ``layer1.0``
+    ... ``layer4.2``: ``1.0`` ... ``4.2``); else the name."""
+    tails = [name.rsplit("_", 1)[-1].rsplit(".", 1)[-1] for name in names]
+    if all(t.isdigit() for t in tails) and len(set(tails)) == len(tails):
+        return [f"L{t}" for t in tails]
+    numbered = [re.sub(r"^\D+", "", name) for name in names]
+    if all(numbered) and len(set(numbered)) == len(numbered):
+        return numbered
+    return list(names)
 
 
 def _host_row(r: RankEvents, lo: int, hi: int, edges: np.ndarray, prefix: str
