@@ -1,7 +1,9 @@
 """config/fp8.yaml's 2.7B rungs beside benchmarks/fp8_plain.py, from one call on one GPU: per
 recipe, profbench's untraced step (median, 95% CI) over the plain script's, and each FP8
 rung's last loss over the bf16 rung's (the same steps, the same seed), beside the plain
-script's own FP8 loss over its bf16 loss (whether a gap is torchao's on this model).
+script's own FP8 loss over its bf16 loss (whether a gap is torchao's on this model); then
+every FP8 run of the config (the other ladders, the whole-step graphs, the batch sweep) with
+its last loss over its bf16 twin's, the run whose parameters differ in ``float8`` alone.
 
     python benchmarks/fp8_vs_plain.py --results results/fp8 --plain fp8_plain.json
 
@@ -77,6 +79,35 @@ def compare(results: Path, plain: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def twin_losses(results: Path) -> list[dict[str, Any]]:
+    """Every finished FP8 run's last loss over its bf16 twin's (plan.json: the same
+    parameters but ``float8: none``), in the plan's order; a config run in parts (its
+    ``select``s, scripts/fp8-on-gpu.sh) has the other parts' runs under ``unselected``."""
+    plan = json.loads((results / "plan.json").read_text())
+    runs = {**(plan.get("unselected") or {}), **plan["runs"]}
+    with open(results / "summary.csv") as f:
+        ok = {row["run"] for row in csv.DictReader(f) if row.get("status") == "ok"}
+
+    def without_float8(run: str) -> str:
+        params = {k: v for k, v in runs[run]["params"].items() if k != "float8"}
+        return json.dumps(params, sort_keys=True)
+
+    bf16 = {without_float8(r): r for r in runs
+            if r in ok and runs[r]["params"].get("float8", "none") == "none"}
+    rows = []
+    for run in runs:
+        twin = bf16.get(without_float8(run))
+        if run not in ok or runs[run]["params"].get("float8", "none") == "none" or not twin:
+            continue
+        loss, twin_loss = last_loss(results, run), last_loss(results, twin)
+        ratio = loss / twin_loss if loss and twin_loss else None
+        rows.append({"run": run, "bf16_run": twin, "loss": loss, "bf16_loss": twin_loss,
+                     "loss_vs_bf16": ratio,
+                     "loss_within_2pct": None if ratio is None
+                     else abs(ratio - 1) <= LOSS_TOLERANCE})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=Path("results/fp8"))
@@ -99,6 +130,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{r['recipe']:>10}: {r['status']}, profbench {step} ms, plain {plain_ms} ms, "
             f"ratio {ratio}, loss / bf16's {loss} (plain script: {plain_loss})"
         )
+    print("every FP8 run's last loss over its bf16 twin's:")
+    for r in twin_losses(args.results):
+        ratio = "-" if r["loss_vs_bf16"] is None else (
+            f"{r['loss_vs_bf16']:.4f} ({'ok' if r['loss_within_2pct'] else 'OFF'})")
+        print(f"  {r['run']}: {ratio}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     return rows

@@ -155,3 +155,31 @@ def test_the_rungs_beside_the_plain_script_read_the_same_records() -> None:
             theirs["losses"][-1] / plain["recipes"]["bf16"]["losses"][-1])
     # in this call every rung is within 5% of the plain script, each FP8 loss within 2%
     assert all(rows[r]["within_5pct"] and rows[r]["loss_within_2pct"] for r in rows)
+
+
+def test_every_fp8_run_has_its_loss_against_its_bf16_twin() -> None:
+    """benchmarks/fp8_vs_plain.py's second table on the run's records: each finished FP8 run
+    (ten, over the four ladders and the sweep; GPT-2's is unsupported) with its last loss over
+    its twin's, the twin named here by the config's run names, not found by parameters."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import fp8_vs_plain
+
+    twins = {
+        "gpt_fp8_2.7B_1_fp8_tensorwise": BF16, "gpt_fp8_2.7B_2_fp8_rowwise": BF16,
+        "gpt_fp8_small_1_fp8_tensorwise": "gpt_fp8_small_0_bf16_compiled",
+        "gpt_fp8_small_2_fp8_rowwise": "gpt_fp8_small_0_bf16_compiled",
+        "gpt_fp8_graph_small_1_fp8_tensorwise": "gpt_fp8_graph_small_0_bf16_step_graph",
+        "gpt_fp8_graph_2.7B_1_fp8_tensorwise": "gpt_fp8_graph_2.7B_0_bf16_step_graph",
+        "llama_fp8_all_1_fp8_tensorwise": "llama_fp8_all_0_bf16_compiled",
+        **{f"fp8_sweep_2.7B_b{b}_tensorwise": f"fp8_sweep_2.7B_b{b}_none" for b in (8, 16, 32)},
+    }
+
+    def last(run: str) -> float:
+        return json.loads((FIXTURE / run / "timing" / "r0.json").read_text())["losses"][-1]
+
+    rows = {r["run"]: r for r in fp8_vs_plain.twin_losses(FIXTURE)}
+    assert set(rows) == set(twins)
+    for run, twin in twins.items():
+        assert rows[run]["bf16_run"] == twin
+        assert rows[run]["loss_vs_bf16"] == pytest.approx(last(run) / last(twin))
+        assert rows[run]["loss_within_2pct"] == (abs(last(run) / last(twin) - 1) <= 0.02)
