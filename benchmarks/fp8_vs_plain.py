@@ -92,12 +92,13 @@ def twin_losses(results: Path) -> list[dict[str, Any]]:
         params = {k: v for k, v in runs[run]["params"].items() if k != "float8"}
         return json.dumps(params, sort_keys=True)
 
-    bf16 = {without_float8(r): r for r in runs
-            if r in ok and runs[r]["params"].get("float8", "none") == "none"}
+    finished_fp8 = {r for r in runs if r in ok
+                    and runs[r]["params"].get("float8", "none") != "none"}
+    bf16 = {without_float8(r): r for r in runs if r in ok and r not in finished_fp8}
     rows = []
-    for run in runs:
+    for run in (r for r in runs if r in finished_fp8):
         twin = bf16.get(without_float8(run))
-        if run not in ok or runs[run]["params"].get("float8", "none") == "none" or not twin:
+        if not twin:
             continue
         loss, twin_loss = last_loss(results, run), last_loss(results, twin)
         ratio = loss / twin_loss if loss and twin_loss else None
