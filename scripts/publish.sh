@@ -3,7 +3,10 @@
 # folder without what is large and shown elsewhere: the captures (profile.sqlite, .nsys-rep,
 # the memory capture's memory.json, the torch traces), report.html, the logs, and the two
 # statistics the report does not show (nvtx_kern_sum.csv, kernel_map.csv). The figures are
-# compacted (analysis/outputs/png.py); nothing is measured or edited by hand.
+# compacted (analysis/outputs/png.py); nothing is measured or edited by hand. Perfetto traces
+# are kept for each ladder's first and last rung only (every captured run keeps its
+# timeline.png and statistics); a results folder of another config inside this one (its own
+# plan.json, e.g. results/fp8 inside results/) is left out: it is published on its own.
 #
 #   bash scripts/publish.sh RESULTS_DIR DEST [RUN ...]
 #
@@ -48,5 +51,22 @@ EOF
     -o "$dest/summary.csv"
   rm -rf "$dest/ladders" "$dest/plots"  # made again below, without the runs left out
 fi
+for nested in "$dest"/*/plan.json; do
+  [ -f "$nested" ] || continue
+  echo "publish: left out $(basename "$(dirname "$nested")")/: another config's results folder"
+  rm -rf "$(dirname "$nested")"
+done
+# traces of the ladders' ends, read from the plan as it stands (runs left out are gone)
+"$py" - "$dest" <<'EOF'
+import sys
+from pathlib import Path
+from analysis.outputs.ladders import ladder_ends
+from analysis.outputs.runs import read_plan
+dest = Path(sys.argv[1])
+ends = ladder_ends(read_plan(dest))
+for trace in dest.glob("*/trace/trace.perfetto-trace.gz"):
+    if trace.parent.parent.name not in ends:
+        trace.unlink()
+EOF
 bash scripts/republish.sh "$dest" "$py"
 echo "published $results as $dest: $(du -sb "$dest" | cut -f1) bytes"

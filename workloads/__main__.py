@@ -41,7 +41,7 @@ from workloads import (
     process_state,
 )
 from workloads.attention import SDPA_BACKENDS
-from workloads.contract import EXIT_CODES
+from workloads.contract import EXIT_CODES, NEW_DEFAULTS
 from workloads.cpuprobe import probe_ms
 from workloads.device import DTYPES, configure_precision, device_name, resolve_device
 from workloads.gpustate import GpuStateRecorder
@@ -211,13 +211,6 @@ def batch_from_search(args: argparse.Namespace) -> dict[str, Any] | None:
     searched = maxbatch.found(args.batch_from)
     args.batch = searched["batch"]
     return searched
-
-
-# Options added after results were published, at their defaults: left out of the config hash.
-# compile_blocks "each" is how every compiled run before it compiled; uncompiled runs ignore it.
-NEW_DEFAULTS = {(k, json.dumps(v)) for k, v in (
-    ("op_ranges", "off"), ("cuda_graph", "off"), ("compile_blocks", "each"), ("comm", "on"),
-    ("straggle_ms", 0.0), ("straggle_rank", 0), ("checkpoint", "none"), ("float8", "none"))}
 
 
 def record_params(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

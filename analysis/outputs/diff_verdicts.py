@@ -5,6 +5,7 @@ run the kernel categories, kernels and NVTX ranges that account for the change.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from analysis.outputs.diff_noise import (
 )
 from analysis.outputs.diff_noise import verdict as noise_verdict
 from analysis.outputs.runs import OK, empty_cell
+from workloads.contract import NEW_DEFAULTS
 
 DEFAULT_THRESHOLD_PCT = 5.0
 # NVTX ranges that span the whole step: they always "explain" 100% and say nothing.
@@ -119,9 +121,14 @@ def peak_columns(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[s
 
 
 def params_changed(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """``key: old->new`` for every workload parameter that differs."""
+    """``key: old->new`` for every workload parameter that differs. An option added after the
+    old record was written differs only where the new run set it off its default."""
+    def at_default(side: dict[str, Any], key: str, other: dict[str, Any]) -> bool:
+        return key not in side and (key, json.dumps(other.get(key))) in NEW_DEFAULTS
+
     keys = sorted(set(old) | set(new))
-    return "; ".join(f"{k}: {old.get(k)}->{new.get(k)}" for k in keys if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {old.get(k)}->{new.get(k)}" for k in keys if old.get(k) != new.get(k)
+                     and not at_default(old, k, new) and not at_default(new, k, old))
 
 
 def explain(

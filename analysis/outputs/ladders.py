@@ -37,6 +37,11 @@ def ladder_groups(plan: dict[str, Any]) -> dict[str, list[tuple[int, str, str]]]
     return {t: sorted(rungs) for t, rungs in groups.items()}
 
 
+def ladder_ends(plan: dict[str, Any]) -> set[str]:
+    """The first and the last rung of each ladder group: the runs a ladder is read between."""
+    return {run for rungs in ladder_groups(plan).values() for _, _, run in (rungs[0], rungs[-1])}
+
+
 def _gain(results: Path, base: str | None, run: str, prefix: str) -> dict[str, Any]:
     cols = {f"{prefix}": None, f"{prefix}_ci_low": None, f"{prefix}_ci_high": None,
             f"{prefix}_significant": None}  # fmt: skip
