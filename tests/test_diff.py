@@ -52,6 +52,7 @@ from analysis.outputs.diff_plot import (
     ratio_ticks,
     ratios_figure,
 )
+from analysis.outputs.diff_verdicts import params_changed
 from analysis.outputs.runs import read_timing
 
 H100 = REPO / "tests" / "fixtures" / "h100"
@@ -877,3 +878,30 @@ def test_ratios_figure_without_a_matched_run_is_a_placeholder(tmp_path: Path) ->
     runs = pd.DataFrame({"run": ["a"], "speedup": [None], "verdict": [None]})
     path = plot_ratios(runs, tmp_path / "ratios.png")
     assert not style.has_data(path)
+
+
+H100 = REPO / "published" / "h100" / "standard"
+H200 = REPO / "published" / "h200" / "standard"
+
+
+def test_the_hardware_diff_is_the_one_published_and_stated(tmp_path: Path) -> None:
+    """`analysis diff` of the H100 and H200 standard folders, run again: the verdicts equal
+    the published `vs-h100/runs.csv`, the README states their counts, and no run reads as a
+    changed config where an option added since the H100 run is at its default (the records
+    at 44a4c13 have no `checkpoint` or `float8`)."""
+    diff.write_diff(H100, H200, tmp_path / "vs")
+    runs = pd.read_csv(tmp_path / "vs" / "runs.csv").set_index("run")
+    published = pd.read_csv(H200 / "vs-h100" / "runs.csv").set_index("run")
+    assert runs["verdict"].equals(published["verdict"].loc[runs.index])
+    assert runs["params_changed"].isna().all(), runs["params_changed"].dropna().head()
+    counts = runs["verdict"].value_counts()
+    stated = (f"{len(runs)} runs matched: {counts['faster']}\nfaster on the H200, "
+              f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive, "
+              f"{counts['slower']} slower")
+    readme = (H200 / "README.md").read_text()
+    assert re.sub(r"\s+", " ", stated) in re.sub(r"\s+", " ", readme)
+    # the bandwidth-bound 2.7B rung the README names, and a real config change still shows
+    assert runs.loc["gpt_train_2.7B_2_bf16", "verdict"] == "faster"
+    assert params_changed({"dtype": "fp32"}, {"dtype": "bf16", "float8": "none"}) == (
+        "dtype: fp32->bf16")
+    assert params_changed({}, {"float8": "tensorwise"}) == "float8: None->tensorwise"

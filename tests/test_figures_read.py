@@ -33,7 +33,7 @@ from tests.analysis_fixtures import FIXTURES
 from tests.conftest import REPO
 
 STANDARD = REPO / "published" / "h100" / "standard"
-MODELS = REPO / "published" / "h100" / "models"
+MODELS = REPO / "published" / "h200" / "models"
 CPU_SMOKE = FIXTURES / "results_cpu_smoke"
 FOLDERS = {"standard": STANDARD, "models": MODELS, "cpu": CPU_SMOKE}
 #: figures each folder has data for (the rest are placeholders that say why)

@@ -22,7 +22,7 @@ from analysis.outputs.runs import read_json
 
 PUBLISHED = REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d"
 STANDARD = REPO / "published" / "h100" / "standard"
-MODELS = REPO / "published" / "h100" / "models"
+MODELS = REPO / "published" / "h200" / "models"
 
 
 def test_modes_table_pairs_a_ladders_first_and_last_rung() -> None:

@@ -1,11 +1,12 @@
 """The phase figure's modules panel (analysis/outputs/figures_phases.py): a model workload's
-top modules from its module table, forward and backward, drawn from the published H100 model
-ladders; checked against the run's own CSVs read independently. The figure's readability is
-tests/test_figures_read.py's."""
+top modules from its module table, forward and backward, drawn from the published H200 model
+ladders (and the earlier H100 ones, whose flagged tables it leaves out); checked against the
+run's own CSVs read independently. The figure's readability is tests/test_figures_read.py's."""
 
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -18,7 +19,8 @@ from analysis.outputs.figures_phases import TOP_MODULES, module_frame, top_modul
 from analysis.outputs.runs import module_table_suspect
 from tests.conftest import REPO
 
-MODELS = REPO / "published" / "h100" / "models"
+MODELS = REPO / "published" / "h200" / "models"
+EARLIER = REPO / "tests" / "fixtures" / "published" / "h100-models-d5baf48"
 STANDARD = REPO / "published" / "h100" / "standard"
 PANEL_TITLE = f"top {TOP_MODULES} modules (module table)\nforward | backward"
 
@@ -68,22 +70,28 @@ def _bars(ax: object) -> list[tuple[float, float, str]]:
     return [(p.get_x(), p.get_width(), p.get_facecolor()) for p in ax.patches]
 
 
-def test_the_panel_draws_each_run_forward_then_backward_and_only_for_model_runs() -> None:
-    summary = read_table(MODELS / "summary.csv")
-    fig = DRAWERS["phase_gpu_time"](summary, MODELS)
+@pytest.mark.parametrize(("folder", "flagged"), [(MODELS, 0), (EARLIER, 9)],
+                         ids=["h200", "h100-earlier-hooks"])
+def test_the_panel_draws_each_run_forward_then_backward_and_only_for_model_runs(
+        folder: Path, flagged: int) -> None:
+    summary = read_table(folder / "summary.csv")
+    fig = DRAWERS["phase_gpu_time"](summary, folder)
     panels = [ax for ax in fig.get_axes() if ax.get_title() == PANEL_TITLE]
     assert len(panels) == 1
-    frame = module_frame(MODELS, list(summary["run"]))
+    frame = module_frame(folder, list(summary["run"]))
     # every published model run has its table drawn, but those that fail the self-check
-    # (made with the earlier module-range hooks; checked on the table alone)
-    suspect = {run for run in summary["run"] if module_table_suspect(MODELS, run)}
-    assert len(suspect) == 9 and set(frame) == set(summary["run"]) - suspect
+    # (the earlier module-range hooks' tables; checked on the table alone)
+    suspect = {run for run in summary["run"] if module_table_suspect(folder, run)}
+    assert len(suspect) == flagged and set(frame) == set(summary["run"]) - suspect
     bars = _bars(panels[0])
     assert len(bars) == 2 * sum(len(g) for g in frame.values())  # forward and backward each
     forward = to_rgba(style.PHASE_COLORS["forward"])
     drawn_forward = sorted(round(w, 6) for left, w, c in bars if c == forward and left == 0)
     assert drawn_forward == sorted(round(f * 100, 6) for g in frame.values() for _, f, _ in g)
     plt.close(fig)
+
+
+def test_the_gpt_run_has_no_module_panel() -> None:
     standard = DRAWERS["phase_gpu_time"](read_table(STANDARD / "summary.csv"), STANDARD)
     assert PANEL_TITLE not in [ax.get_title() for ax in standard.get_axes()]  # the GPT's
     plt.close(standard)

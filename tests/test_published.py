@@ -19,9 +19,8 @@ from conftest import REPO
 PUBLISHED = REPO / "published"
 SYSTEMS = sorted(p for p in PUBLISHED.iterdir() if p.is_dir())
 CONFIGS = sorted(p.parent for p in PUBLISHED.glob("*/*/summary.csv"))
-# the systems' folders, every capture left out: about 20.6 MB today, and room for the H200's
-# standard (H100's: 5.7 MB) and FP8 (12 captured runs, each with its Perfetto trace: about
-# 6 MB) folders
+# the systems' folders, every capture left out (Perfetto traces of the ladders' ends only):
+# about 32.3 MB today (h200/standard 7.6 MB, h200/models 5.6 MB, h200/fp8 4.3 MB, ...)
 MAX_BYTES = 36_000_000
 HEADLINE = PUBLISHED / "h100" / "standard"
 
@@ -155,3 +154,30 @@ def test_publish_leaves_out_captures_logs_and_named_runs(tmp_path: Path) -> None
         kept.set_index("run").drop(dropped)["step_ms"].loc[summary["run"]])
     assert dropped not in set(pd.read_csv(dest / "ladders" / "gpt_train_small.csv")["run"])
     assert (dest / "SUMMARY.md").exists() and (dest / "overview.html").exists()
+
+
+def test_publish_keeps_the_ladder_ends_traces_and_leaves_out_nested_results(
+        tmp_path: Path) -> None:
+    """A Perfetto trace is kept for each ladder's first and last rung only, the last rung
+    being the last one kept when the run that was last is left out; a results folder of
+    another config inside this one (its own plan.json) is not published with it."""
+    source = tmp_path / "results"
+    shutil.copytree(REPO / "tests" / "fixtures" / "published" / "h100-default-f2b989d", source)
+    runs = json.loads((source / "plan.json").read_text())["runs"]
+    for run in runs:  # the trace rule's output, stood in for: only which files stay is tested
+        (source / run / "trace").mkdir(parents=True, exist_ok=True)
+        (source / run / "trace" / "trace.perfetto-trace.gz").write_bytes(b"\x1f\x8b")
+    nested = source / "fp8"
+    nested.mkdir()
+    for name in ("plan.json", "summary.csv"):
+        shutil.copy(source / name, nested / name)
+    dest = tmp_path / "published"
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "publish.sh"), str(source), str(dest),
+         "gpt_train_small_3_cuda_graphs"], check=True, capture_output=True, text=True,
+        env={**os.environ, "PYTHON": sys.executable})
+    kept = sorted(p.parent.parent.name for p in dest.glob("*/trace/trace.perfetto-trace.gz"))
+    assert kept == ["gpt_train_small_0_fp32_eager", "gpt_train_small_2_fused_adamw"]
+    assert (dest / "attn_sdpa_cudnn_b8_h16_s4096_d128_forward").is_dir()  # the run stays
+    assert nested.name not in {p.name for p in dest.iterdir()}
+    assert "left out fp8/: another config's results folder" in done.stdout
