@@ -880,8 +880,8 @@ def test_ratios_figure_without_a_matched_run_is_a_placeholder(tmp_path: Path) ->
     assert not style.has_data(path)
 
 
-H100 = REPO / "published" / "h100" / "standard"
-H200 = REPO / "published" / "h200" / "standard"
+H100_STANDARD = REPO / "published" / "h100" / "standard"
+H200_STANDARD = REPO / "published" / "h200" / "standard"
 
 
 def test_the_hardware_diff_is_the_one_published_and_stated(tmp_path: Path) -> None:
@@ -889,16 +889,16 @@ def test_the_hardware_diff_is_the_one_published_and_stated(tmp_path: Path) -> No
     the published `vs-h100/runs.csv`, the README states their counts, and no run reads as a
     changed config where an option added since the H100 run is at its default (the records
     at 44a4c13 have no `checkpoint` or `float8`)."""
-    diff.write_diff(H100, H200, tmp_path / "vs")
+    diff.write_diff(H100_STANDARD, H200_STANDARD, tmp_path / "vs")
     runs = pd.read_csv(tmp_path / "vs" / "runs.csv").set_index("run")
-    published = pd.read_csv(H200 / "vs-h100" / "runs.csv").set_index("run")
+    published = pd.read_csv(H200_STANDARD / "vs-h100" / "runs.csv").set_index("run")
     assert runs["verdict"].equals(published["verdict"].loc[runs.index])
     assert runs["params_changed"].isna().all(), runs["params_changed"].dropna().head()
     counts = runs["verdict"].value_counts()
     stated = (f"{len(runs)} runs matched: {counts['faster']}\nfaster on the H200, "
               f"{counts['within noise']} within noise, {counts['inconclusive']} inconclusive, "
               f"{counts['slower']} slower")
-    readme = (H200 / "README.md").read_text()
+    readme = (H200_STANDARD / "README.md").read_text()
     assert re.sub(r"\s+", " ", stated) in re.sub(r"\s+", " ", readme)
     # the bandwidth-bound 2.7B rung the README names, and a real config change still shows
     assert runs.loc["gpt_train_2.7B_2_bf16", "verdict"] == "faster"
