@@ -307,6 +307,36 @@ def test_the_plain_script_times_bf16_and_fp8_with_their_losses(tmp_path: Path) -
     assert abs(fp8["losses"][-1] / bf16["losses"][-1] - 1) < 0.02
 
 
+def test_the_loss_benchmark_trains_each_recipe_on_the_same_chain(tmp_path: Path) -> None:
+    """benchmarks/fp8_loss.py on the CPU: the batches are the Markov chain's (every next token
+    one of its predecessor's successors), the same for every recipe (bf16 twice: the same
+    losses), the floor is the chain's own -log p, and the ratios are the last window's means."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import fp8_loss
+
+    generator = torch.Generator().manual_seed(3)
+    successors, probs = fp8_loss.markov_chain(64, 3, generator)
+    seqs, chosen = fp8_loss.sample_batches(successors, probs, 4, 2, 16, generator)
+    prev, nxt = seqs[..., :-1].flatten(), seqs[..., 1:].flatten()
+    assert (successors[prev] == nxt[:, None]).any(1).all()
+    assert probs.sum(1).allclose(torch.ones(64)) and bool((chosen > 0).all())
+
+    out = tmp_path / "loss.json"
+    argv = ["--size", "tiny", "--batch", "2", "--context", "32", "--vocab", "256", "--device",
+            "cpu", "--compile", "off", "--steps", "30", "--lr", "3e-3", "--out", str(out)]
+    result = fp8_loss.main([*argv, "--recipes", "bf16,rowwise"])
+    again = fp8_loss.main([*argv, "--recipes", "bf16"])
+    assert json.loads(out.read_text()) == again
+    bf16, fp8 = result["recipes"]["bf16"], result["recipes"]["rowwise"]
+    assert again["recipes"]["bf16"]["losses"] == bf16["losses"]
+    assert fp8["converted_linears"] == 7 * 2 and bf16["finite"] and fp8["finite"]
+    assert result["loss_floor"] < bf16["losses"][-1] < bf16["losses"][0]
+    window = result["window"]
+    assert window == 3 and fp8["ratio_to_bf16"] == pytest.approx(
+        sum(fp8["losses"][-3:]) / sum(bf16["losses"][-3:]))
+    assert abs(fp8["ratio_to_bf16"] - 1) < 0.02
+
+
 def test_compiled_fp8_layers_compose_with_master_weights() -> None:
     """What a compiled FP8 rung on top of master weights runs: each block compiled on its own
     (compile_blocks: regional), the flat master-weight AdamW on the FP8 layers' bf16 weight
