@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import math
 import statistics
 import sys
@@ -36,12 +35,19 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fp8_plain import RECIPES, build, free  # noqa: E402 - the plain script's model and recipe
-from plain_distributed import SIZES  # noqa: E402
+from fp8_plain import (  # noqa: E402 - the plain script's model, recipe and options
+    add_model_arguments,
+    build,
+    free,
+    parse_recipes,
+    resolve_device,
+    write_out,
+)
 
 
-def markov_chain(vocab: int, branching: int, generator: torch.Generator
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def markov_chain(
+    vocab: int, branching: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(successors [vocab, branching], their probabilities [vocab, branching]): each token's
     possible next tokens and Dirichlet(1) weights over them."""
     successors = torch.randint(0, vocab, (vocab, branching), generator=generator)
@@ -49,8 +55,14 @@ def markov_chain(vocab: int, branching: int, generator: torch.Generator
     return successors, weights / weights.sum(1, keepdim=True)
 
 
-def sample_batches(successors: torch.Tensor, probs: torch.Tensor, steps: int, batch: int,
-                   context: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batches(
+    successors: torch.Tensor,
+    probs: torch.Tensor,
+    steps: int,
+    batch: int,
+    context: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences [steps, batch, context + 1] drawn from the chain, and the probability
     the chain gave each next token [steps, batch, context] (the floor's terms)."""
     n = steps * batch
@@ -73,8 +85,9 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(args: argparse.Namespace, recipe: str, device: torch.device,
-          seqs: torch.Tensor) -> dict[str, Any]:
+def train(
+    args: argparse.Namespace, recipe: str, device: torch.device, seqs: torch.Tensor
+) -> dict[str, Any]:
     model, optimizer, converted = build(args, recipe, device)
     losses = []
     start = time.perf_counter()
@@ -90,47 +103,47 @@ def train(args: argparse.Namespace, recipe: str, device: torch.device,
         optimizer.step()
         losses.append(loss.detach())
     values = [x.item() for x in losses]
-    return {"recipe": recipe, "losses": values, "converted_linears": converted,
-            "finite": all(math.isfinite(v) for v in values),
-            "last_window_mean": statistics.fmean(values[-args.window:]),
-            "seconds": time.perf_counter() - start}
+    return {
+        "recipe": recipe,
+        "losses": values,
+        "converted_linears": converted,
+        "finite": all(math.isfinite(v) for v in values),
+        "last_window_mean": statistics.fmean(values[-args.window :]),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def summary_line(row: dict[str, Any], marks: list[int], window: int, floor: float) -> str:
     """One recipe's losses at the marks, its last window's mean and how it compares."""
     at = " ".join(f"{row['losses'][m]:.3f}" for m in marks)
-    line = (f"{row['recipe']}: loss at steps {[m + 1 for m in marks]}: {at}; mean of the last "
-            f"{window} {row['last_window_mean']:.4f} (floor {floor:.4f})")
+    line = (
+        f"{row['recipe']}: loss at steps {[m + 1 for m in marks]}: {at}; mean of the last "
+        f"{window} {row['last_window_mean']:.4f} (floor {floor:.4f})"
+    )
     if "ratio_to_bf16" in row:
-        line += (f", {row['ratio_to_bf16']:.4f} of bf16's, excess over the floor "
-                 f"{row['excess_ratio_to_bf16']:.3f} of bf16's")
+        line += (
+            f", {row['ratio_to_bf16']:.4f} of bf16's, excess over the floor "
+            f"{row['excess_ratio_to_bf16']:.3f} of bf16's"
+        )
     return line + f"; {row['seconds']:.0f} s"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=list(SIZES), default="2.7B")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--vocab", type=int, default=10_000)
-    p.add_argument("--branching", type=int, default=4,
-                   help="possible successors of each token in the chain")
-    p.add_argument("--recipes", default=",".join(RECIPES),
-                   help=f"comma-separated, from {RECIPES} (bf16: no FP8)")
-    p.add_argument("--compile", choices=("model", "regional", "off"), default="regional")
+    add_model_arguments(p, compile_default="regional")
+    p.add_argument(
+        "--branching", type=int, default=4, help="possible successors of each token in the chain"
+    )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
-    p.add_argument("--lr-warmup", type=int, default=None,
-                   help="warm-up steps (default: a tenth of --steps)")
-    p.add_argument("--window", type=int, default=None,
-                   help="last steps averaged (default: a tenth of --steps)")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--lr-warmup", type=int, default=None, help="warm-up steps (default: a tenth of --steps)"
+    )
+    p.add_argument(
+        "--window", type=int, default=None, help="last steps averaged (default: a tenth of --steps)"
+    )
     args = p.parse_args(argv)
-    args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    if not args.recipes or set(args.recipes) - set(RECIPES):
-        p.error(f"--recipes: expected some of {RECIPES}")
+    parse_recipes(p, args)
     if args.steps < 2 or args.branching < 1:
         p.error("need --steps >= 2 and --branching >= 1")
     args.lr_warmup = args.lr_warmup if args.lr_warmup is not None else max(1, args.steps // 10)
@@ -140,20 +153,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    device = resolve_device(args)
     generator = torch.Generator().manual_seed(args.seed)
     successors, probs = markov_chain(args.vocab, args.branching, generator)
-    seqs, chosen = sample_batches(successors, probs, args.steps, args.batch, args.context,
-                                  generator)
-    floor = -chosen[-args.window:].log().mean().item()
+    seqs, chosen = sample_batches(
+        successors, probs, args.steps, args.batch, args.context, generator
+    )
+    floor = -chosen[-args.window :].log().mean().item()
     result: dict[str, Any] = {
-        **{k: getattr(args, k) for k in ("size", "batch", "context", "vocab", "branching",
-                                          "compile", "steps", "lr", "lr_warmup", "window")},
-        "loss_floor": floor, "loss_at_start": math.log(args.vocab),
+        **{
+            k: getattr(args, k)
+            for k in (
+                "size",
+                "batch",
+                "context",
+                "vocab",
+                "branching",
+                "compile",
+                "steps",
+                "lr",
+                "lr_warmup",
+                "window",
+            )
+        },
+        "loss_floor": floor,
+        "loss_at_start": math.log(args.vocab),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "torchao": importlib.metadata.version("torchao"),
+        "torch": torch.__version__,
+        "torchao": importlib.metadata.version("torchao"),
         "recipes": {},
     }
     marks = sorted({max(0, args.steps * i // 10 - 1) for i in range(1, 11)})
@@ -164,12 +191,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bf16 = result["recipes"].get("bf16")
         if bf16 and row is not bf16:
             row["ratio_to_bf16"] = row["last_window_mean"] / bf16["last_window_mean"]
-            row["excess_ratio_to_bf16"] = ((row["last_window_mean"] - floor)
-                                           / (bf16["last_window_mean"] - floor))
+            row["excess_ratio_to_bf16"] = (row["last_window_mean"] - floor) / (
+                bf16["last_window_mean"] - floor
+            )
         print(summary_line(row, marks, args.window, floor), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_out(args.out, result)
     return result
 
 

@@ -144,8 +144,9 @@ def free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser, compile_default: str) -> None:
+    """The model, the recipes, where it runs and where the JSON goes (this script's and
+    benchmarks/fp8_loss.py's)."""
     p.add_argument("--size", choices=list(SIZES), default="2.7B")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--context", type=int, default=512)
@@ -158,18 +159,39 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--compile",
         choices=("model", "regional", "off"),
-        default="model",
+        default=compile_default,
         help="model: torch.compile(model); regional: each block and the final norm; off: eager",
     )
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
+
+
+def parse_recipes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if not args.recipes or set(args.recipes) - set(RECIPES):
         p.error(f"--recipes: expected some of {RECIPES}")
+
+
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(args.device)
+
+
+def write_out(path: Path | None, result: dict[str, Any]) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_arguments(p, compile_default="model")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args(argv)
+    parse_recipes(p, args)
     if args.steps < 1 or args.warmup < 0:
         p.error("need --steps >= 1 and --warmup >= 0")
     return args
@@ -177,9 +199,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    device = resolve_device(args)
     cuda = device.type == "cuda"
     result: dict[str, Any] = {
         "size": args.size,
@@ -211,9 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{row['losses'][0]:.4f} -> {row['losses'][-1]:.4f}",
             flush=True,
         )
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_out(args.out, result)
     return result
 
 
